@@ -1,0 +1,121 @@
+"""Privacy accounting with dp_accounting: one ledger of DpEvents per job, calibration, epsilon.
+
+Epsilon always comes from a dp_accounting accountant (PLD by default, RDP as an option) applied to
+the composition of everything the ledger holds; nothing here is a hand formula.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import dp_accounting
+from dp_accounting import dp_event as events
+from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.rdp import rdp_privacy_accountant
+
+ACCOUNTANTS = ("pld", "rdp")
+ADD_REMOVE = "add/remove"
+REPLACE_ONE = "replace-one"
+
+_RELATIONS = {
+    ADD_REMOVE: dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
+    REPLACE_ONE: dp_accounting.NeighboringRelation.REPLACE_ONE,
+}
+
+
+def make_accountant(kind: str = "pld", neighbouring: str = ADD_REMOVE) -> dp_accounting.PrivacyAccountant:
+    relation = _RELATIONS[neighbouring]
+    if kind == "pld":
+        return pld_privacy_accountant.PLDAccountant(neighboring_relation=relation)
+    if kind == "rdp":
+        return rdp_privacy_accountant.RdpAccountant(neighboring_relation=relation)
+    raise ValueError(f"unknown accountant {kind!r}; choose one of {', '.join(ACCOUNTANTS)}")
+
+
+def epsilon_of(event: events.DpEvent, delta: float, accountant: str = "pld",
+               neighbouring: str = ADD_REMOVE) -> float:
+    return float(make_accountant(accountant, neighbouring).compose(event).get_epsilon(delta))
+
+
+def calibrate_noise_multiplier(make_event: Callable[[float], events.DpEvent], epsilon: float,
+                               delta: float, accountant: str = "pld",
+                               neighbouring: str = ADD_REMOVE) -> float:
+    """The smallest noise multiplier (within 1e-4) whose event meets (epsilon, delta).
+
+    The search starts at 0.3: PLD discretization of a Gaussian with a much smaller multiplier
+    needs gigabytes, and budgets that allow less noise than that are out of this tool's scope.
+    """
+    return float(dp_accounting.calibrate_dp_mechanism(
+        lambda: make_accountant(accountant, neighbouring), make_event, epsilon, delta,
+        dp_accounting.LowerEndpointAndGuess(0.3, 1.0), tol=1e-4))
+
+
+@dataclasses.dataclass
+class Release:
+    """One kind of release: a name for the report, its DpEvent, how many times it happened, and
+    the public parameters a reader needs to recompute it."""
+
+    name: str
+    event: events.DpEvent
+    count: int
+    params: dict
+
+    def composed(self) -> events.DpEvent:
+        return self.event if self.count == 1 else events.SelfComposedDpEvent(self.event, self.count)
+
+
+class Ledger:
+    """Every release of a job, in order. Consecutive releases of the same kind are merged into one
+    self-composed entry."""
+
+    def __init__(self, accountant: str = "pld", neighbouring: str = ADD_REMOVE):
+        make_accountant(accountant, neighbouring)  # validates both names
+        self.accountant = accountant
+        self.neighbouring = neighbouring
+        self.releases: list[Release] = []
+
+    def record(self, name: str, event: events.DpEvent, count: int = 1, **params) -> None:
+        if count <= 0:
+            return
+        last = self.releases[-1] if self.releases else None
+        if last is not None and last.name == name and last.event == event and last.params == params:
+            last.count += count
+        else:
+            self.releases.append(Release(name, event, count, params))
+
+    def event(self) -> events.DpEvent:
+        return events.ComposedDpEvent([r.composed() for r in self.releases])
+
+    def epsilon(self, delta: float) -> float:
+        if not self.releases:
+            return 0.0
+        return epsilon_of(self.event(), delta, self.accountant, self.neighbouring)
+
+    def mechanisms(self) -> list[dict]:
+        return [dict(name=r.name, count=r.count, **r.params) for r in self.releases]
+
+
+def gaussian_steps_event(noise_multiplier: float, sampling_probability: float, steps: int) -> events.DpEvent:
+    """DP-SGD/DP-GD steps: a Gaussian sum query, Poisson-subsampled when q < 1."""
+    step = events.GaussianDpEvent(noise_multiplier)
+    if sampling_probability < 1.0:
+        step = events.PoissonSampledDpEvent(sampling_probability, step)
+    return events.SelfComposedDpEvent(step, steps)
+
+
+def laplace_count_event(epsilon: float) -> events.DpEvent:
+    """A count with sensitivity 1 released with Laplace noise of scale 1/epsilon."""
+    return events.LaplaceDpEvent(1.0 / epsilon)
+
+
+def event_to_json(event: events.DpEvent):
+    """A DpEvent as plain JSON (from dp_accounting's own named-tuple form), for the report."""
+    def convert(value):
+        if hasattr(value, "_asdict"):
+            d = value._asdict()
+            d.pop("module_name", None)
+            return {k: convert(v) for k, v in d.items()}
+        if isinstance(value, (list, tuple)):
+            return [convert(v) for v in value]
+        return value
+    return convert(event.to_named_tuple())

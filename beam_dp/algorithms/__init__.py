@@ -1,0 +1,1 @@
+"""Optimizer drivers. Each talks to an Aggregator (``base``) and never imports Beam."""

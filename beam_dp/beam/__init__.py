@@ -1,0 +1,1 @@
+"""Beam execution: PTransforms, CombineFns and the Beam aggregator."""

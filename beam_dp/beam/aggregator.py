@@ -1,0 +1,85 @@
+"""The Beam aggregator: blocks in, one CombineGlobally per step, the state as a singleton side
+input, several steps unrolled into one pipeline (a chunk). The driver gets the state back through
+a file in a work directory and checkpoints between chunks."""
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import tempfile
+import uuid
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from beam_dp.algorithms.base import StepFunction, TrainState
+from beam_dp.beam.combiners import CombinerFn
+from beam_dp.beam.transforms import ReadBlocks
+from beam_dp.stats import ArraySum
+
+
+def _partial_sum(block, step_fn, state):
+    return step_fn.partial_sum(block, state)
+
+
+def _apply(total, step_fn, state):
+    return step_fn.apply(state, total)
+
+
+def _write_pickle(value, path):
+    with FileSystems.create(path) as f:
+        f.write(pickle.dumps(value))
+
+
+def _read_pickle(path):
+    with FileSystems.open(path) as f:
+        return pickle.loads(f.read())
+
+
+class BeamAggregator:
+    """``pipeline_args`` are Beam's own flags (``--runner``, ``--project``, ...), passed through."""
+
+    def __init__(self, files, label_column, feature_columns, loss, batch_rows,
+                 pipeline_args: list[str], work_dir: str | None = None):
+        self.read_args = (files, label_column, feature_columns, loss, batch_rows)
+        self.options = PipelineOptions(pipeline_args)
+        if work_dir is None:
+            temp = self.options.get_all_options().get("temp_location")
+            work_dir = (FileSystems.join(temp, f"beam-dp-{uuid.uuid4().hex}") if temp
+                        else tempfile.mkdtemp(prefix="beam-dp-"))
+        self.work_dir = work_dir
+        self.dim = len(feature_columns)
+        self.outputs = loss.outputs()
+
+    def _path(self, name: str) -> str:
+        if "://" not in self.work_dir:
+            os.makedirs(self.work_dir, exist_ok=True)
+        return FileSystems.join(self.work_dir, f"{name}-{uuid.uuid4().hex}.pkl")
+
+    def count(self) -> int:
+        """The exact number of examples (stays on the driver, which adds the noise). Reading every
+        block also validates every file before training starts."""
+        path = self._path("count")
+        with beam.Pipeline(options=self.options) as p:
+            (p | "ReadBlocks" >> ReadBlocks(*self.read_args)
+               | "Rows" >> beam.Map(len)
+               | "Count" >> beam.CombineGlobally(sum)
+               | "Save" >> beam.Map(_write_pickle, path))
+        return int(_read_pickle(path))
+
+    def run_steps(self, step_fn: StepFunction, state: TrainState, num_steps: int) -> TrainState:
+        path = self._path(f"state-{state.step + num_steps:08d}")
+        shape = state.theta.shape
+        with beam.Pipeline(options=self.options) as p:
+            blocks = p | "ReadBlocks" >> ReadBlocks(*self.read_args)
+            current = p | "InitialState" >> beam.Create([state])
+            for t in range(state.step, state.step + num_steps):
+                side = beam.pvalue.AsSingleton(current)
+                total = (blocks
+                         | f"Gradients{t}" >> beam.Map(_partial_sum, step_fn, side)
+                         | f"Sum{t}" >> beam.CombineGlobally(CombinerFn(ArraySum(shape))))
+                current = total | f"Update{t}" >> beam.Map(_apply, step_fn, side)
+            current | "SaveState" >> beam.Map(_write_pickle, path)
+        return _read_pickle(path)

@@ -1,0 +1,260 @@
+"""The ``beam-dp`` command: make-data, train, predict.
+
+Flags this command does not know are handed to Beam's PipelineOptions unchanged, so
+``--runner DataflowRunner --project ... --temp_location ...`` works as with any Beam pipeline.
+``--runner local`` runs the same kernels in-process without Beam; with no ``--runner``, Beam's
+in-process FnApiRunner is used (DirectRunner would first try to download the Prism runner).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+DEFAULT_BEAM_RUNNER = "FnApiRunner"
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _columns(text: str) -> list[str]:
+    return [c.strip() for c in text.split(",") if c.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from beam_dp import accounting, losses, synthetic
+    from beam_dp.algorithms.noisy_gd import ALGORITHMS
+
+    parser = argparse.ArgumentParser(prog="beam-dp", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    make = sub.add_parser("make-data", help="write a synthetic dataset (train and validation shards)")
+    make.add_argument("--output", required=True, help="directory to write into")
+    make.add_argument("--task", choices=synthetic.TASKS, default="binary")
+    make.add_argument("--n", type=_positive_int, default=20000, help="training examples")
+    make.add_argument("--d", type=_positive_int, default=20, help="features")
+    make.add_argument("--num-classes", type=int, default=3, help="classes for --task multiclass")
+    make.add_argument("--validation-n", type=int, default=5000)
+    make.add_argument("--shards", type=_positive_int, default=4)
+    make.add_argument("--format", choices=("parquet", "csv"), default="parquet")
+    make.add_argument("--seed", type=int, default=0, help="the data is synthetic: seeded by default")
+
+    train = sub.add_parser("train", help="train a differentially private GLM",
+                           epilog="Unknown flags are passed to Beam's PipelineOptions.")
+    io = train.add_argument_group("input and output")
+    io.add_argument("--input", required=True, help="glob of Parquet or CSV files (comma-separated globs allowed)")
+    io.add_argument("--output", required=True, help="directory for model.json, privacy_report.json, metrics.json")
+    io.add_argument("--overwrite", action="store_true", help="replace an existing --output directory")
+    io.add_argument("--label-column", default="label")
+    io.add_argument("--feature-columns", type=_columns, default=None,
+                    help="comma-separated; default: every numeric column but the label")
+    io.add_argument("--validation", default=None, help="glob of validation files (not covered by the guarantee)")
+    io.add_argument("--batch-rows", type=_positive_int, default=65536, help="rows per block read")
+
+    model = train.add_argument_group("model")
+    model.add_argument("--model", choices=losses.MODEL_NAMES, default="logistic")
+    model.add_argument("--num-classes", type=int, default=None, help="classes for --model softmax (public)")
+    model.add_argument("--huber-delta", type=float, default=1.0)
+    model.add_argument("--no-intercept", dest="fit_intercept", action="store_false")
+
+    algo = train.add_argument_group("algorithm")
+    algo.add_argument("--algorithm", choices=ALGORITHMS, default="dpsgd")
+    algo.add_argument("--clip-norm", type=float, default=1.0)
+    algo.add_argument("--learning-rate", type=float, default=2.0)
+    algo.add_argument("--batch-size", type=_positive_int, default=1000, help="expected batch size (dpsgd)")
+    algo.add_argument("--epochs", type=float, default=None, help="default 5 (dpsgd) or 100 steps (dpgd)")
+    algo.add_argument("--steps", type=_positive_int, default=None, help="overrides --epochs")
+    algo.add_argument("--average-iterates", dest="average_iterates", action="store_true", default=None,
+                      help="output the average of the iterates (default for dpgd)")
+    algo.add_argument("--no-average-iterates", dest="average_iterates", action="store_false")
+
+    privacy = train.add_argument_group("privacy")
+    budget = privacy.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--epsilon", type=float, help="target epsilon: the noise is calibrated to it")
+    budget.add_argument("--noise-multiplier", type=float, help="report the epsilon this noise buys")
+    privacy.add_argument("--delta", type=float, default=1e-5)
+    privacy.add_argument("--accountant", choices=accounting.ACCOUNTANTS, default="pld")
+    privacy.add_argument("--num-examples", type=_positive_int, default=None,
+                         help="public dataset size; without it n is estimated with a Laplace count")
+    privacy.add_argument("--count-epsilon", type=float, default=None,
+                         help="budget of that count (default: 1%% of --epsilon, or 0.01)")
+    privacy.add_argument("--seed", type=int, default=None,
+                         help="fixed seed for tests and comparisons; default: OS secure randomness")
+
+    run = train.add_argument_group("execution")
+    run.add_argument("--runner", default=DEFAULT_BEAM_RUNNER,
+                     help="'local' for the in-process numpy runner, else a Beam runner "
+                          f"(default {DEFAULT_BEAM_RUNNER}, Beam's in-process runner)")
+    run.add_argument("--steps-per-pipeline", type=_positive_int, default=25,
+                     help="steps unrolled into one Beam pipeline; the driver checkpoints between them")
+    run.add_argument("--checkpoint-dir", default=None,
+                     help="save the (noised) state after every chunk and resume from it")
+
+    predict = sub.add_parser("predict", help="apply a trained model to a dataset")
+    predict.add_argument("--model", required=True, help="model.json or the training output directory")
+    predict.add_argument("--input", required=True, help="glob of Parquet or CSV files")
+    predict.add_argument("--output", required=True, help="predictions file (.csv or .parquet)")
+    predict.add_argument("--batch-rows", type=_positive_int, default=65536)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from beam_dp.data import DataError
+
+    parser = build_parser()
+    args, beam_args = parser.parse_known_args(argv)
+    if beam_args and args.command != "train":
+        parser.error(f"unrecognized arguments: {' '.join(beam_args)}")
+    try:
+        if args.command == "make-data":
+            return _make_data(args)
+        if args.command == "train":
+            return _train(args, beam_args)
+        return _predict(args)
+    except (DataError, ValueError, FileExistsError) as e:
+        message = e.detail if isinstance(e, DataError) else str(e)
+        print(f"beam-dp: error: {message}", file=sys.stderr)
+        return 2
+    except Exception as e:  # a Beam runner wraps worker errors; show our one line if it is there
+        text = str(e)
+        if DataError.MARKER in text:
+            line = text[text.index(DataError.MARKER) + len(DataError.MARKER):].splitlines()[0]
+            print(f"beam-dp: error: {line.strip()}", file=sys.stderr)
+            return 2
+        raise
+
+
+def _make_data(args) -> int:
+    from beam_dp import report, synthetic
+
+    x, y = synthetic.make_dataset(args.task, args.n + args.validation_n, args.d, args.seed,
+                                  num_classes=args.num_classes)
+    with report.atomic_directory(args.output) as tmp:
+        synthetic.write_shards(tmp, "train", x[:args.n], y[:args.n], args.shards, args.format)
+        if args.validation_n > 0:
+            synthetic.write_shards(tmp, "validation", x[args.n:], y[args.n:], 1, args.format)
+    print(f"wrote {args.n} training and {args.validation_n} validation examples to {args.output}")
+    return 0
+
+
+def _progress_callback():
+    from tqdm import tqdm
+
+    bar = None
+
+    def update(done: int, total: int, epsilon: float) -> None:
+        nonlocal bar
+        if bar is None:
+            # disable=None: drawn only on a terminal; also quiet under CI.
+            bar = tqdm(total=total, unit="step", desc="training",
+                       disable=True if os.environ.get("CI") else None)
+        bar.update(done - bar.n)
+        bar.set_postfix(epsilon=f"{epsilon:.3f}")
+        if done >= total:
+            bar.close()
+
+    return update
+
+
+def _train(args, beam_args: list[str]) -> int:
+    from beam_dp import accounting, data, losses, mechanisms, report
+    from beam_dp.algorithms import noisy_gd
+
+    loss = losses.make_loss(args.model, args.num_classes, args.huber_delta)
+    config = noisy_gd.NoisyGDConfig(
+        algorithm=args.algorithm, clip_norm=args.clip_norm, learning_rate=args.learning_rate,
+        batch_size=args.batch_size, epochs=args.epochs, steps=args.steps, epsilon=args.epsilon,
+        delta=args.delta, noise_multiplier=args.noise_multiplier, accountant=args.accountant,
+        num_examples=args.num_examples, count_epsilon=args.count_epsilon,
+        average_iterates=args.average_iterates, fit_intercept=args.fit_intercept,
+        steps_per_chunk=args.steps_per_pipeline)
+    config.validate()
+    files = data.list_files(args.input)
+    validation_files = data.list_files(args.validation) if args.validation else []
+    if args.runner == "local":
+        open_file = data.open_local
+    else:
+        from beam_dp.beam.transforms import open_file
+    features = data.resolve_feature_columns(files[0], args.label_column, args.feature_columns, open_file)
+
+    seed = args.seed if args.seed is not None else mechanisms.secure_seed()
+    with report.atomic_directory(args.output, args.overwrite) as out:
+        if args.runner == "local":
+            from beam_dp.local import LocalAggregator
+            aggregator = LocalAggregator(
+                data.load_blocks(files, args.label_column, features, loss, args.batch_rows))
+        else:
+            from beam_dp.beam.aggregator import BeamAggregator
+            aggregator = BeamAggregator(files, args.label_column, features, loss, args.batch_rows,
+                                        ["--runner", args.runner] + beam_args)
+        ledger = accounting.Ledger(args.accountant, accounting.ADD_REMOVE)
+        result = noisy_gd.train(config, loss, len(features), aggregator, seed, ledger,
+                                _progress_callback(), args.checkpoint_dir)
+
+        epsilon = ledger.epsilon(args.delta)
+        report.write_json(out, "model.json", report.model_artifact(
+            loss, result.theta, features, args.label_column, args.algorithm, args.fit_intercept))
+        report.write_json(out, "privacy_report.json", {
+            "epsilon": epsilon,
+            "delta": args.delta,
+            "requested_epsilon": args.epsilon,
+            "accountant": args.accountant,
+            "neighbouring": ledger.neighbouring,
+            "algorithm": args.algorithm,
+            "noise_multiplier": result.noise_multiplier,
+            "sampling_probability": result.sampling_probability,
+            "sampling": "Poisson" if result.sampling_probability < 1 else "full batch",
+            "steps": result.steps,
+            "clip_norm": args.clip_norm,
+            "expected_batch_size": result.sampling_probability * result.dataset_size["value"],
+            "dataset_size": result.dataset_size,
+            "mechanisms": ledger.mechanisms(),
+            "dp_event": accounting.event_to_json(ledger.event()),
+            "seed": "fixed by --seed (reproducible run, not for production)" if args.seed is not None
+                    else "OS secure randomness",
+            "hyperparameters": "public inputs; not privately tuned",
+            "trust_model": report.TRUST_MODEL,
+        })
+        if validation_files:
+            blocks = [b for f in validation_files for b in data.blocks_from_file(
+                f, args.label_column, features, loss, args.batch_rows, open_file)]
+            metrics = report.evaluate(loss, result.theta, blocks)
+            metrics["covered_by_privacy_guarantee"] = False
+            metrics["note"] = "computed on the validation data without noise; not differentially private"
+            report.write_json(out, "metrics.json", metrics)
+    print(f"trained {args.model} with {args.algorithm}: epsilon={epsilon:.4g}, delta={args.delta:g}; "
+          f"wrote {args.output}")
+    return 0
+
+
+def _predict(args) -> int:
+    from beam_dp import data, losses, report
+
+    loss, theta, artifact = report.load_model(args.model)
+    predictions, probabilities = [], []
+    for path in data.list_files(args.input):
+        for block in data.blocks_from_file(path, None, artifact["feature_columns"], loss, args.batch_rows):
+            s = losses.scores(theta, block.features)
+            predictions.append(loss.predict(s))
+            if loss.name == "logistic":
+                probabilities.append(losses.expit(s[:, 0]))
+    columns = {"prediction": np.concatenate(predictions)}
+    if probabilities:
+        columns["probability"] = np.concatenate(probabilities)
+    # Written beside the target under a temporary name, then renamed: no partial file on failure.
+    directory, name = os.path.split(os.path.abspath(args.output))
+    tmp = os.path.join(directory, f".tmp-{os.getpid()}-{name}")
+    try:
+        data.write_table(tmp, columns)
+        os.replace(tmp, args.output)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    print(f"wrote {len(columns['prediction'])} predictions to {args.output}")
+    return 0

@@ -1,0 +1,197 @@
+"""GLM losses: value and derivative with respect to the score, label encoding, prediction.
+
+A model's parameters are a matrix ``theta`` of shape (k, d + 1): one row per output (k = 1 for
+binary and regression models, k = K classes for softmax), the last column is the intercept.
+Scores are ``X @ theta[:, :d].T + theta[:, d]`` with shape (m, k). Every loss here is a function
+of the score only, so the per-example gradient is ``derivative(score) (outer) (x, 1)`` and its
+norm is ``||derivative|| * ||(x, 1)||``: that is what makes clipping a per-row scale on a block.
+"""
+from __future__ import annotations
+
+import numpy as np
+from scipy.special import expit, log_expit, logsumexp, softmax
+
+
+class LabelError(ValueError):
+    """A label that the model cannot use; ``row`` is the index in the block."""
+
+    def __init__(self, message: str, row: int):
+        super().__init__(message)
+        self.row = row
+
+
+class GlmLoss:
+    """Interface: ``encode_labels`` maps raw labels to the loss's encoding, ``value`` and
+    ``derivative`` take scores of shape (m, k)."""
+
+    name: str
+    is_classifier: bool
+    # Upper bound on ||d loss / d score||_2 per example (the Lipschitz constant in the score),
+    # None where the loss is not Lipschitz (squared loss).
+    score_lipschitz: float | None
+
+    def outputs(self) -> int:
+        return 1
+
+    def encode_labels(self, labels: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def value(self, scores: np.ndarray, y: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def derivative(self, scores: np.ndarray, y: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def predict(self, scores: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+
+def _check_finite_labels(labels: np.ndarray) -> None:
+    bad = np.flatnonzero(~np.isfinite(labels))
+    if bad.size:
+        raise LabelError(f"label is missing or not finite ({labels[bad[0]]!r})", int(bad[0]))
+
+
+class _SignedBinaryLoss(GlmLoss):
+    """Binary margin losses; labels 0/1 or -1/+1, encoded as -1/+1."""
+
+    is_classifier = True
+    score_lipschitz = 1.0
+
+    def encode_labels(self, labels):
+        labels = np.asarray(labels, dtype=np.float64)
+        _check_finite_labels(labels)
+        bad = np.flatnonzero((labels != 0) & (labels != 1) & (labels != -1))
+        if bad.size:
+            raise LabelError(
+                f"label {labels[bad[0]]!r} does not fit model '{self.name}' (expected 0/1 or -1/+1)",
+                int(bad[0]))
+        return np.where(labels > 0, 1.0, -1.0)
+
+    def predict(self, scores):
+        return (scores[:, 0] > 0).astype(np.int64)
+
+
+class LogisticLoss(_SignedBinaryLoss):
+    name = "logistic"
+
+    def value(self, scores, y):
+        return -log_expit(y * scores[:, 0])
+
+    def derivative(self, scores, y):
+        # d/ds log(1 + exp(-y s)) = -y * sigmoid(-y s)
+        return (-y * expit(-y * scores[:, 0]))[:, None]
+
+
+class HingeLoss(_SignedBinaryLoss):
+    name = "hinge"
+
+    def value(self, scores, y):
+        return np.maximum(0.0, 1.0 - y * scores[:, 0])
+
+    def derivative(self, scores, y):
+        # Subgradient 0 at the kink (margin exactly 1), as in the papers' proofs.
+        return np.where(y * scores[:, 0] < 1.0, -y, 0.0)[:, None]
+
+
+class SquaredLoss(GlmLoss):
+    """Linear regression: 0.5 * (s - y)^2. Not Lipschitz: clipping bounds the gradient."""
+
+    name = "linear"
+    is_classifier = False
+    score_lipschitz = None
+
+    def encode_labels(self, labels):
+        labels = np.asarray(labels, dtype=np.float64)
+        _check_finite_labels(labels)
+        return labels
+
+    def value(self, scores, y):
+        return 0.5 * (scores[:, 0] - y) ** 2
+
+    def derivative(self, scores, y):
+        return (scores[:, 0] - y)[:, None]
+
+    def predict(self, scores):
+        return scores[:, 0]
+
+
+class HuberLoss(SquaredLoss):
+    """Huber regression loss with threshold ``delta``: quadratic inside, linear outside."""
+
+    name = "huber"
+
+    def __init__(self, delta: float = 1.0):
+        if not delta > 0:
+            raise ValueError("huber delta must be positive")
+        self.delta = float(delta)
+        self.score_lipschitz = self.delta
+
+    def value(self, scores, y):
+        r = np.abs(scores[:, 0] - y)
+        return np.where(r <= self.delta, 0.5 * r**2, self.delta * (r - 0.5 * self.delta))
+
+    def derivative(self, scores, y):
+        return np.clip(scores[:, 0] - y, -self.delta, self.delta)[:, None]
+
+
+class SoftmaxLoss(GlmLoss):
+    """Multinomial cross-entropy over ``num_classes`` integer classes 0..K-1 (K is public)."""
+
+    name = "softmax"
+    is_classifier = True
+    # ||softmax(s) - e_y||_2 <= sqrt(2)
+    score_lipschitz = float(np.sqrt(2.0))
+
+    def __init__(self, num_classes: int):
+        if num_classes < 2:
+            raise ValueError("softmax needs --num-classes of at least 2")
+        self.num_classes = int(num_classes)
+
+    def outputs(self):
+        return self.num_classes
+
+    def encode_labels(self, labels):
+        labels = np.asarray(labels, dtype=np.float64)
+        _check_finite_labels(labels)
+        bad = np.flatnonzero((labels != np.round(labels)) | (labels < 0) | (labels >= self.num_classes))
+        if bad.size:
+            raise LabelError(
+                f"label {labels[bad[0]]!r} does not fit model 'softmax' "
+                f"(expected an integer class in 0..{self.num_classes - 1})", int(bad[0]))
+        return labels.astype(np.int64)
+
+    def value(self, scores, y):
+        return logsumexp(scores, axis=1) - scores[np.arange(len(y)), y]
+
+    def derivative(self, scores, y):
+        p = softmax(scores, axis=1)
+        p[np.arange(len(y)), y] -= 1.0
+        return p
+
+    def predict(self, scores):
+        return np.argmax(scores, axis=1)
+
+
+MODEL_NAMES = ("logistic", "softmax", "linear", "huber", "hinge")
+
+
+def make_loss(model: str, num_classes: int | None = None, huber_delta: float = 1.0) -> GlmLoss:
+    if model == "logistic":
+        return LogisticLoss()
+    if model == "hinge":
+        return HingeLoss()
+    if model == "linear":
+        return SquaredLoss()
+    if model == "huber":
+        return HuberLoss(huber_delta)
+    if model == "softmax":
+        if num_classes is None:
+            raise ValueError("--model softmax needs --num-classes (the class count is public)")
+        return SoftmaxLoss(num_classes)
+    raise ValueError(f"unknown model {model!r}; choose one of {', '.join(MODEL_NAMES)}")
+
+
+def scores(theta: np.ndarray, features: np.ndarray) -> np.ndarray:
+    """(m, k) scores of a (k, d + 1) parameter matrix whose last column is the intercept."""
+    return features @ theta[:, :-1].T + theta[:, -1]
