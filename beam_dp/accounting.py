@@ -8,9 +8,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+import attr
 import dp_accounting
+import numpy as np
 from dp_accounting import dp_event as events
+from dp_accounting.pld import common as pld_common
 from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.pld import privacy_loss_distribution
 from dp_accounting.rdp import rdp_privacy_accountant
 
 ACCOUNTANTS = ("pld", "rdp")
@@ -23,12 +27,47 @@ _RELATIONS = {
 }
 
 
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class PureDpEvent(events.DpEvent):
+    """A mechanism known only to be epsilon-DP, such as the exponential mechanism.
+
+    dp_accounting has no event for it, so the two accountants below extend dp_accounting's own:
+    PLD composes the library's pessimistic PLD for an (epsilon, 0)-DP mechanism
+    (``privacy_loss_distribution.from_privacy_parameters``, the tight dominating pair); RDP uses
+    the bound D_alpha <= min(epsilon, alpha * epsilon^2 / 2) (epsilon-DP implies
+    epsilon^2/2-zCDP, Bun & Steinke 2016, Prop. 3.3).
+    """
+
+    epsilon: float
+
+
+class _PLDAccountant(pld_privacy_accountant.PLDAccountant):
+    def _maybe_compose(self, event, count, do_compose):
+        if isinstance(event, PureDpEvent):
+            if do_compose:
+                pld = privacy_loss_distribution.from_privacy_parameters(
+                    pld_common.DifferentialPrivacyParameters(event.epsilon, 0.0),
+                    value_discretization_interval=self._value_discretization_interval)
+                self._pld = self._pld.compose(pld.self_compose(count))
+            return None
+        return super()._maybe_compose(event, count, do_compose)
+
+
+class _RdpAccountant(rdp_privacy_accountant.RdpAccountant):
+    def _maybe_compose(self, event, count, do_compose):
+        if isinstance(event, PureDpEvent):
+            if do_compose:
+                self._rdp += count * np.minimum(event.epsilon, self._orders * event.epsilon ** 2 / 2)
+            return None
+        return super()._maybe_compose(event, count, do_compose)
+
+
 def make_accountant(kind: str = "pld", neighbouring: str = ADD_REMOVE) -> dp_accounting.PrivacyAccountant:
     relation = _RELATIONS[neighbouring]
     if kind == "pld":
-        return pld_privacy_accountant.PLDAccountant(neighboring_relation=relation)
+        return _PLDAccountant(neighboring_relation=relation)
     if kind == "rdp":
-        return rdp_privacy_accountant.RdpAccountant(neighboring_relation=relation)
+        return _RdpAccountant(neighboring_relation=relation)
     raise ValueError(f"unknown accountant {kind!r}; choose one of {', '.join(ACCOUNTANTS)}")
 
 
@@ -39,15 +78,20 @@ def epsilon_of(event: events.DpEvent, delta: float, accountant: str = "pld",
 
 def calibrate_noise_multiplier(make_event: Callable[[float], events.DpEvent], epsilon: float,
                                delta: float, accountant: str = "pld",
-                               neighbouring: str = ADD_REMOVE) -> float:
-    """The smallest noise multiplier (within 1e-4) whose event meets (epsilon, delta).
+                               neighbouring: str = ADD_REMOVE,
+                               lower: float = 0.3, guess: float = 1.0,
+                               upper: float | None = None) -> float:
+    """The smallest parameter (within 1e-4) whose event meets (epsilon, delta), for events whose
+    epsilon falls as the parameter grows (a noise multiplier, or any inverse budget scale).
 
-    The search starts at 0.3: PLD discretization of a Gaussian with a much smaller multiplier
-    needs gigabytes, and budgets that allow less noise than that are out of this tool's scope.
+    The default search starts at 0.3: PLD discretization of a Gaussian with a much smaller
+    multiplier needs gigabytes, and budgets that allow less noise are out of this tool's scope.
     """
+    bracket = (dp_accounting.ExplicitBracketInterval(lower, upper) if upper is not None
+               else dp_accounting.LowerEndpointAndGuess(lower, guess))
     return float(dp_accounting.calibrate_dp_mechanism(
-        lambda: make_accountant(accountant, neighbouring), make_event, epsilon, delta,
-        dp_accounting.LowerEndpointAndGuess(0.3, 1.0), tol=1e-4))
+        lambda: make_accountant(accountant, neighbouring), make_event, epsilon, delta, bracket,
+        tol=1e-4))
 
 
 @dataclasses.dataclass
@@ -119,3 +163,14 @@ def event_to_json(event: events.DpEvent):
             return [convert(v) for v in value]
         return value
     return convert(event.to_named_tuple())
+
+
+def event_from_json(value) -> events.DpEvent:
+    """The inverse of ``event_to_json`` (for resuming from a checkpoint)."""
+    if isinstance(value, list):
+        return [event_from_json(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    fields = {k: event_from_json(v) for k, v in value.items() if k != "class_name"}
+    cls = PureDpEvent if value["class_name"] == "PureDpEvent" else getattr(events, value["class_name"])
+    return cls(**fields)

@@ -19,7 +19,8 @@ def gradient_norms(derivative: np.ndarray, sq_norms: np.ndarray, fit_intercept: 
 
 def clip_factors(norms: np.ndarray, clip_norm: float) -> np.ndarray:
     """min(1, C / norm), with 1 for zero-norm rows."""
-    return np.minimum(1.0, clip_norm / np.maximum(norms, np.finfo(np.float64).tiny))
+    with np.errstate(over="ignore"):  # a zero norm gives inf, i.e. a factor of 1
+        return np.minimum(1.0, clip_norm / np.maximum(norms, np.finfo(np.float64).tiny))
 
 
 def clipped_gradient_sum(theta: np.ndarray, features: np.ndarray, sq_norms: np.ndarray,

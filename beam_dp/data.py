@@ -29,7 +29,9 @@ class DataError(Exception):
     MARKER = "beam-dp input error: "
 
     def __init__(self, message: str):
-        super().__init__(self.MARKER + message)
+        # Beam re-raises a worker's error as type(e)(e.args[0] + " [while running '<step>']"),
+        # whose message already carries the marker: add it only once.
+        super().__init__(message if message.startswith(self.MARKER) else self.MARKER + message)
 
     @property
     def detail(self) -> str:
@@ -112,12 +114,13 @@ def read_schema(path: str, opener: Callable[[str], BinaryIO] = open_local) -> pa
 
 
 def resolve_feature_columns(path: str, label_column: str, feature_columns: Sequence[str] | None,
-                            opener: Callable[[str], BinaryIO] = open_local) -> list[str]:
+                            opener: Callable[[str], BinaryIO] = open_local,
+                            require_label: bool = True) -> list[str]:
     """Checks the label and features against the first file's schema; the default features are
     every numeric column but the label."""
     schema = read_schema(path, opener)
     names = set(schema.names)
-    if label_column not in names:
+    if require_label and label_column not in names:
         raise DataError(f"{path}: label column '{label_column}' not found (columns: {', '.join(schema.names)})")
     if feature_columns:
         missing = [c for c in feature_columns if c not in names]
@@ -130,7 +133,7 @@ def resolve_feature_columns(path: str, label_column: str, feature_columns: Seque
         columns = [f.name for f in schema if f.name != label_column and _numeric(f.type)]
         if not columns:
             raise DataError(f"{path}: no numeric feature columns besides the label '{label_column}'")
-    for name in columns + [label_column]:
+    for name in columns + ([label_column] if require_label else []):
         t = schema.field(name).type
         # CSV types are inferred from the first block only; later rows are checked on conversion.
         if not _numeric(t) and not (file_format(path) == "csv" and pa.types.is_null(t)):
@@ -152,7 +155,10 @@ def _record_batches(path: str, f: BinaryIO, columns: list[str], batch_rows: int)
             convert_options=pa_csv.ConvertOptions(
                 include_columns=columns,
                 column_types={c: pa.float64() for c in columns}))
-        yield from reader
+        # The CSV reader batches by bytes (block_size), not rows: cut to at most batch_rows.
+        for batch in reader:
+            for offset in range(0, batch.num_rows, batch_rows):
+                yield batch.slice(offset, batch_rows)
 
 
 def _column_as_float(path: str, batch: pa.RecordBatch, name: str) -> np.ndarray:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from beam_dp.algorithms.base import StepFunction, TrainState
+from beam_dp.algorithms.base import Stage
 from beam_dp.data import Block
 
 
@@ -15,10 +15,10 @@ class LocalAggregator:
     def count(self) -> int:
         return sum(len(b) for b in self.blocks)
 
-    def run_steps(self, step_fn: StepFunction, state: TrainState, num_steps: int) -> TrainState:
-        for _ in range(num_steps):
-            total = step_fn.partial_sum(self.blocks[0], state)
+    def run_stages(self, stages: Sequence[Stage], state):
+        for stage in stages:
+            total = stage.partial_sum(self.blocks[0], state)
             for block in self.blocks[1:]:
-                total += step_fn.partial_sum(block, state)
-            state = step_fn.apply(state, total)
+                total += stage.partial_sum(block, state)
+            state = stage.apply(state, total)
         return state

@@ -49,7 +49,7 @@ class GlmLoss:
 def _check_finite_labels(labels: np.ndarray) -> None:
     bad = np.flatnonzero(~np.isfinite(labels))
     if bad.size:
-        raise LabelError(f"label is missing or not finite ({labels[bad[0]]!r})", int(bad[0]))
+        raise LabelError(f"label is missing or not finite ({float(labels[bad[0]])!r})", int(bad[0]))
 
 
 class _SignedBinaryLoss(GlmLoss):
@@ -64,7 +64,7 @@ class _SignedBinaryLoss(GlmLoss):
         bad = np.flatnonzero((labels != 0) & (labels != 1) & (labels != -1))
         if bad.size:
             raise LabelError(
-                f"label {labels[bad[0]]!r} does not fit model '{self.name}' (expected 0/1 or -1/+1)",
+                f"label {float(labels[bad[0]])!r} does not fit model '{self.name}' (expected 0/1 or -1/+1)",
                 int(bad[0]))
         return np.where(labels > 0, 1.0, -1.0)
 
@@ -157,7 +157,7 @@ class SoftmaxLoss(GlmLoss):
         bad = np.flatnonzero((labels != np.round(labels)) | (labels < 0) | (labels >= self.num_classes))
         if bad.size:
             raise LabelError(
-                f"label {labels[bad[0]]!r} does not fit model 'softmax' "
+                f"label {float(labels[bad[0]])!r} does not fit model 'softmax' "
                 f"(expected an integer class in 0..{self.num_classes - 1})", int(bad[0]))
         return labels.astype(np.int64)
 

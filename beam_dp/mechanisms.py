@@ -18,6 +18,7 @@ import numpy as np
 STREAM_SAMPLING = 1
 STREAM_NOISE = 2
 STREAM_COUNT = 3
+STREAM_STATS = 4
 
 
 def secure_seed() -> int:

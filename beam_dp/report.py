@@ -21,7 +21,7 @@ TRUST_MODEL = (
 
 
 def model_artifact(loss: losses_mod.GlmLoss, theta: np.ndarray, feature_columns, label_column,
-                   algorithm: str, fit_intercept: bool) -> dict:
+                   algorithm: str, fit_intercept: bool, feature_transform: dict | None = None) -> dict:
     single = loss.outputs() == 1
     artifact = {
         "format_version": 1,
@@ -33,6 +33,8 @@ def model_artifact(loss: losses_mod.GlmLoss, theta: np.ndarray, feature_columns,
         "coefficients": theta[0, :-1].tolist() if single else theta[:, :-1].tolist(),
         "intercept": float(theta[0, -1]) if single else theta[:, -1].tolist(),
     }
+    if feature_transform:
+        artifact["feature_transform"] = feature_transform
     if loss.name == "softmax":
         artifact["num_classes"] = loss.num_classes
     if loss.name == "huber":
@@ -45,12 +47,27 @@ def load_model(path: str) -> tuple[losses_mod.GlmLoss, np.ndarray, dict]:
     if os.path.isdir(path):
         path = os.path.join(path, "model.json")
     with open(path) as f:
-        artifact = json.load(f)
+        return load_model_dict(json.load(f))
+
+
+def load_model_dict(artifact: dict) -> tuple[losses_mod.GlmLoss, np.ndarray, dict]:
     loss = losses_mod.make_loss(artifact["model"], artifact.get("num_classes"),
                                 artifact.get("huber_delta", 1.0))
     coef = np.atleast_2d(np.asarray(artifact["coefficients"], dtype=np.float64))
     intercept = np.atleast_1d(np.asarray(artifact["intercept"], dtype=np.float64))
     return loss, np.column_stack([coef, intercept]), artifact
+
+
+def feature_map(artifact: dict):
+    """The per-example map the model expects of raw feature blocks (identity when none)."""
+    from beam_dp import features
+
+    spec = artifact.get("feature_transform") or {}
+    if "normalize_rows" in spec:
+        return features.NormalizeRows(float(spec["normalize_rows"]))
+    if "clip_rows" in spec:
+        return features.ClipRows(float(spec["clip_rows"]))
+    return lambda block: block
 
 
 def evaluate(loss: losses_mod.GlmLoss, theta: np.ndarray, blocks) -> dict:

@@ -1,15 +1,18 @@
 """What every optimizer driver shares: the training state, the Aggregator seam, the chunked loop.
 
-An algorithm never imports Beam. It hands an Aggregator a *step function*: an object with
+An algorithm never imports Beam. It hands an Aggregator *stages*: objects with
 
+* ``shape``: the shape of the stage's sum;
 * ``partial_sum(block, state) -> ndarray``: the exact, per-example-bounded sum over one block's
-  examples for the step ``state.step`` (sampling included); and
-* ``apply(state, total) -> state``: the noise and the update, a function of the summed blocks and
-  of the public state only.
+  examples (for a training step: the step ``state.step``'s sample); and
+* ``apply(state, total) -> state``: the noise and the update or release, a function of the summed
+  blocks and of the public state only.
 
-The aggregator evaluates ``apply(state, sum over blocks of partial_sum(block, state))`` for a number
-of consecutive steps: the local aggregator in a loop, the Beam aggregator as one pipeline with the
-steps unrolled. Both are pure functions of (data, seed), so the two agree to float tolerance.
+The aggregator evaluates ``state = apply(state, sum over blocks of partial_sum(block, state))`` for
+each stage in turn: the local aggregator in a loop, the Beam aggregator as one pipeline with the
+stages unrolled. Both are pure functions of (data, seed), so the two agree to float tolerance.
+Training steps (``TrainState``) and private statistics (``beam_dp.stats``, a dict state) are both
+stages.
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import dataclasses
 import json
 import os
 import tempfile
-from typing import Callable, Protocol
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -39,18 +42,20 @@ class TrainState:
         return self.theta_sum / max(self.step, 1)
 
 
-class StepFunction(Protocol):
-    def partial_sum(self, block, state: TrainState) -> np.ndarray: ...
+class Stage(Protocol):
+    shape: tuple
 
-    def apply(self, state: TrainState, total: np.ndarray) -> TrainState: ...
+    def partial_sum(self, block, state) -> np.ndarray: ...
+
+    def apply(self, state, total: np.ndarray): ...
 
 
 class Aggregator(Protocol):
-    """Exact sums over the data; the caller adds the noise."""
+    """Exact sums over the data; the stages add the noise."""
 
     def count(self) -> int: ...
 
-    def run_steps(self, step_fn: StepFunction, state: TrainState, num_steps: int) -> TrainState: ...
+    def run_stages(self, stages: Sequence[Stage], state): ...
 
 
 def save_checkpoint(directory: str, state: TrainState, config: dict, plan: dict) -> None:
@@ -75,12 +80,12 @@ def load_checkpoint(directory: str, config: dict) -> tuple[TrainState, dict] | N
         return (TrainState(z["theta"], z["theta_sum"], int(z["step"])), json.loads(str(z["plan"])))
 
 
-def run_chunks(aggregator: Aggregator, step_fn: StepFunction, state: TrainState, total_steps: int,
+def run_chunks(aggregator: Aggregator, step_fn: Stage, state: TrainState, total_steps: int,
                steps_per_chunk: int, after_chunk: Callable[[TrainState, int], None]) -> TrainState:
     """Runs the steps ``state.step .. total_steps - 1`` in chunks, calling ``after_chunk(state,
     steps_in_chunk)`` after each (to record releases, checkpoint and report progress)."""
     while state.step < total_steps:
         k = min(steps_per_chunk, total_steps - state.step)
-        state = aggregator.run_steps(step_fn, state, k)
+        state = aggregator.run_stages([step_fn] * k, state)
         after_chunk(state, k)
     return state

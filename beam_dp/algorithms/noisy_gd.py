@@ -90,10 +90,14 @@ class NoisyGradientStep:
     learning_rate: float
     sampler: PoissonSampler
     seed: int
+    shape: tuple            # of theta: (outputs, features + 1)
     fit_intercept: bool = True
+    transform: Callable | None = None   # per-example feature map, applied to the sampled rows
 
     def partial_sum(self, block, state: TrainState) -> np.ndarray:
         batch = self.sampler.select(block, state.step)
+        if self.transform is not None:
+            batch = self.transform(batch)
         return clipping.clipped_gradient_sum(state.theta, batch.features, batch.sq_norms,
                                              batch.labels, self.loss, self.clip_norm,
                                              self.fit_intercept)
@@ -114,7 +118,9 @@ class TrainResult:
     noise_multiplier: float
     sampling_probability: float
     steps: int
+    clip_norm: float
     dataset_size: dict          # how n was obtained, and the (public or noisy) value used
+    preprocessing: dict         # public releases made before training (empty for dpsgd/dpgd)
 
 
 def _step_event(noise_multiplier: float, q: float) -> events.DpEvent:
@@ -126,12 +132,37 @@ def _step_release_name(q: float) -> str:
     return "gaussian_clipped_gradient_sum" if q >= 1.0 else "poisson_sampled_gaussian_clipped_gradient_sum"
 
 
+def release_dataset_size(config: NoisyGDConfig, aggregator: Aggregator, seed: int,
+                         ledger: accounting.Ledger) -> dict:
+    """n for q and the normalizers: public (``num_examples``) or a Laplace count in the ledger."""
+    if config.num_examples is not None:
+        return {"source": "public (--num-examples)", "value": int(config.num_examples)}
+    count_epsilon = config.count_epsilon or (0.01 * config.epsilon if config.epsilon else 0.01)
+    noisy = aggregator.count() + mechanisms.laplace_noise(
+        mechanisms.rng(seed, mechanisms.STREAM_COUNT), 1.0 / count_epsilon)
+    ledger.record("laplace_count", accounting.laplace_count_event(count_epsilon),
+                  epsilon=count_epsilon, sensitivity=1)
+    return {"source": "private estimate: Laplace count", "value": max(1, int(round(noisy))),
+            "count_epsilon": count_epsilon}
+
+
 def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator, seed: int,
           ledger: accounting.Ledger,
           on_progress: Callable[[int, int, float], None] = lambda done, total, eps: None,
-          checkpoint_dir: str | None = None) -> TrainResult:
-    """Trains a GLM with DP-SGD or DP-GD. ``on_progress(steps_done, steps_total, epsilon_so_far)``
-    is called after every chunk; the epsilon there is the ledger's, never a data statistic."""
+          checkpoint_dir: str | None = None,
+          preprocess: Callable[[int], dict] | None = None,
+          make_transform: Callable[[dict], Callable] | None = None,
+          clip_norm_from: Callable[[dict], float] | None = None) -> TrainResult:
+    """Trains a GLM with DP-SGD or DP-GD over ``dim`` model features.
+
+    ``preprocess(n)``, if given, makes private releases (recorded in the ledger) before training
+    and returns them as a dict of public values; ``make_transform(preprocessing)`` turns them into
+    the per-example feature map of every step, and ``clip_norm_from(preprocessing)``, if given,
+    the clip norm (replacing ``config.clip_norm``). The noise multiplier is calibrated so that the
+    composition of everything in the ledger and all the steps meets (epsilon, delta).
+    ``on_progress(steps_done, steps_total, epsilon_so_far)`` is called after every chunk; the
+    epsilon there is the ledger's, never a data statistic.
+    """
     config.validate()
     public_config = {k: v for k, v in dataclasses.asdict(config).items() if k != "steps_per_chunk"}
     public_config.update(model=loss.name, dim=dim, outputs=loss.outputs())
@@ -139,24 +170,29 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
     resumed = load_checkpoint(checkpoint_dir, public_config) if checkpoint_dir else None
     if resumed is not None:
         state, plan = resumed
+        for r in plan["releases"]:
+            ledger.record(r["name"], accounting.event_from_json(r["event"]), r["count"], **r["params"])
     else:
-        state, plan = TrainState.zeros(loss.outputs(), dim), None
-
-    if plan is None:
-        plan = _plan(config, aggregator, seed)
-    for release in plan["releases_before_training"]:
-        ledger.record(release["name"], accounting.laplace_count_event(release["epsilon"]),
-                      epsilon=release["epsilon"], sensitivity=1)
+        state = TrainState.zeros(loss.outputs(), dim)
+        dataset_size = release_dataset_size(config, aggregator, seed, ledger)
+        preprocessing = preprocess(dataset_size["value"]) if preprocess else {}
+        plan = _plan(config, dataset_size, ledger)
+        plan.update(preprocessing=preprocessing, releases=[
+            {"name": r.name, "event": accounting.event_to_json(r.event), "count": r.count,
+             "params": r.params} for r in ledger.releases])
     q, sigma, total_steps = plan["sampling_probability"], plan["noise_multiplier"], plan["steps"]
+    clip_norm = clip_norm_from(plan["preprocessing"]) if clip_norm_from else config.clip_norm
     step_event = _step_event(sigma, q)
-    step_params = dict(noise_multiplier=sigma, sampling_probability=q, clip_norm=config.clip_norm,
-                       sensitivity=config.clip_norm)
+    step_params = dict(noise_multiplier=sigma, sampling_probability=q, clip_norm=clip_norm,
+                       sensitivity=clip_norm)
     ledger.record(_step_release_name(q), step_event, count=state.step, **step_params)
 
     step_fn = NoisyGradientStep(
-        loss=loss, clip_norm=config.clip_norm, noise_std=sigma * config.clip_norm,
-        normalizer=q * plan["n"], learning_rate=config.learning_rate,
-        sampler=PoissonSampler(q, seed), seed=seed, fit_intercept=config.fit_intercept)
+        loss=loss, clip_norm=clip_norm, noise_std=sigma * clip_norm,
+        normalizer=q * plan["dataset_size"]["value"], learning_rate=config.learning_rate,
+        sampler=PoissonSampler(q, seed), seed=seed, shape=state.theta.shape,
+        fit_intercept=config.fit_intercept,
+        transform=make_transform(plan["preprocessing"]) if make_transform else None)
 
     def after_chunk(new_state: TrainState, k: int) -> None:
         ledger.record(_step_release_name(q), step_event, count=k, **step_params)
@@ -167,41 +203,32 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
     on_progress(state.step, total_steps, ledger.epsilon(config.delta))
     state = run_chunks(aggregator, step_fn, state, total_steps, config.steps_per_chunk, after_chunk)
     theta = state.averaged() if config.averaging() else state.theta
-    return TrainResult(theta, ledger, sigma, q, total_steps, plan["dataset_size"])
+    return TrainResult(theta, ledger, sigma, q, total_steps, clip_norm, plan["dataset_size"],
+                       plan["preprocessing"])
 
 
-def _plan(config: NoisyGDConfig, aggregator: Aggregator, seed: int) -> dict:
-    """The public plan: n (public or a noisy count), q, the number of steps and sigma."""
-    releases = []
-    if config.num_examples is not None:
-        n = int(config.num_examples)
-        dataset_size = {"source": "public (--num-examples)", "value": n}
-    else:
-        count_epsilon = config.count_epsilon or (0.01 * config.epsilon if config.epsilon else 0.01)
-        noisy = aggregator.count() + mechanisms.laplace_noise(
-            mechanisms.rng(seed, mechanisms.STREAM_COUNT), 1.0 / count_epsilon)
-        n = max(1, int(round(noisy)))
-        releases.append({"name": "laplace_count", "epsilon": count_epsilon})
-        dataset_size = {"source": "private estimate: Laplace count", "value": n,
-                        "count_epsilon": count_epsilon}
+def _plan(config: NoisyGDConfig, dataset_size: dict, ledger: accounting.Ledger) -> dict:
+    """The public plan: q, the number of steps and sigma (calibrated against the ledger so far)."""
+    n = dataset_size["value"]
     q = 1.0 if config.algorithm == "dpgd" else min(1.0, config.batch_size / n)
     if config.steps is not None:
         steps = int(config.steps)
     else:
         epochs = config.epochs if config.epochs is not None else (5.0 if q < 1 else 100.0)
         steps = max(1, math.ceil(epochs / q))
-    prior = [accounting.laplace_count_event(r["epsilon"]) for r in releases]
     if config.noise_multiplier is not None:
         sigma = float(config.noise_multiplier)
     else:
+        prior = ledger.event()
+        spent = ledger.epsilon(config.delta)
+        if spent >= config.epsilon:
+            raise ValueError(f"the releases before training already spend epsilon {spent:.3g} of the "
+                             f"{config.epsilon} budget; lower --count-epsilon / --preprocess-epsilon "
+                             "or give --num-examples")
+
         def make_event(s: float) -> events.DpEvent:
-            return events.ComposedDpEvent(prior + [accounting.gaussian_steps_event(s, q, steps)])
-        floor = accounting.epsilon_of(events.ComposedDpEvent(prior + [events.NoOpDpEvent()]),
-                                      config.delta, config.accountant)
-        if floor >= config.epsilon:
-            raise ValueError(f"the dataset-size count alone spends epsilon {floor:.3g} of the "
-                             f"{config.epsilon} budget; lower --count-epsilon or give --num-examples")
+            return events.ComposedDpEvent([prior, accounting.gaussian_steps_event(s, q, steps)])
         sigma = accounting.calibrate_noise_multiplier(make_event, config.epsilon, config.delta,
                                                       config.accountant)
-    return {"n": n, "sampling_probability": q, "steps": steps, "noise_multiplier": sigma,
-            "dataset_size": dataset_size, "releases_before_training": releases}
+    return {"sampling_probability": q, "steps": steps, "noise_multiplier": sigma,
+            "dataset_size": dataset_size}

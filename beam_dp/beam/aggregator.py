@@ -3,29 +3,18 @@ input, several steps unrolled into one pipeline (a chunk). The driver gets the s
 a file in a work directory and checkpoints between chunks."""
 from __future__ import annotations
 
-import io
 import os
 import pickle
 import tempfile
 import uuid
+from typing import Sequence
 
 import apache_beam as beam
-import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_dp.algorithms.base import StepFunction, TrainState
-from beam_dp.beam.combiners import CombinerFn
-from beam_dp.beam.transforms import ReadBlocks
-from beam_dp.stats import ArraySum
-
-
-def _partial_sum(block, step_fn, state):
-    return step_fn.partial_sum(block, state)
-
-
-def _apply(total, step_fn, state):
-    return step_fn.apply(state, total)
+from beam_dp.algorithms.base import Stage
+from beam_dp.beam.transforms import ReadBlocks, RunStages
 
 
 def _write_pickle(value, path):
@@ -67,19 +56,14 @@ class BeamAggregator:
                | "Rows" >> beam.Map(len)
                | "Count" >> beam.CombineGlobally(sum)
                | "Save" >> beam.Map(_write_pickle, path))
-        return int(_read_pickle(path))
+        count = int(_read_pickle(path))
+        FileSystems.delete([path])  # an exact count must not outlive the job (trust model)
+        return count
 
-    def run_steps(self, step_fn: StepFunction, state: TrainState, num_steps: int) -> TrainState:
-        path = self._path(f"state-{state.step + num_steps:08d}")
-        shape = state.theta.shape
+    def run_stages(self, stages: Sequence[Stage], state):
+        path = self._path("state")
         with beam.Pipeline(options=self.options) as p:
-            blocks = p | "ReadBlocks" >> ReadBlocks(*self.read_args)
-            current = p | "InitialState" >> beam.Create([state])
-            for t in range(state.step, state.step + num_steps):
-                side = beam.pvalue.AsSingleton(current)
-                total = (blocks
-                         | f"Gradients{t}" >> beam.Map(_partial_sum, step_fn, side)
-                         | f"Sum{t}" >> beam.CombineGlobally(CombinerFn(ArraySum(shape))))
-                current = total | f"Update{t}" >> beam.Map(_apply, step_fn, side)
-            current | "SaveState" >> beam.Map(_write_pickle, path)
+            (p | "ReadBlocks" >> ReadBlocks(*self.read_args)
+               | "Stages" >> RunStages(stages, state)
+               | "SaveState" >> beam.Map(_write_pickle, path))
         return _read_pickle(path)

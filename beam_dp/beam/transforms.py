@@ -7,7 +7,9 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from beam_dp import data
+from beam_dp.beam.combiners import CombinerFn
 from beam_dp.losses import GlmLoss
+from beam_dp.stats import ArraySum, record_releases
 
 
 def open_file(path: str):
@@ -35,3 +37,48 @@ class ReadBlocks(beam.PTransform):
                 | "Files" >> beam.Create(self.files)
                 | "Spread" >> beam.Reshuffle()
                 | "Read" >> beam.FlatMap(_read_file, *self.args))
+
+
+def _partial_sum(block, stage, state):
+    return stage.partial_sum(block, state)
+
+
+def _apply(total, stage, state):
+    return stage.apply(state, total)
+
+
+class RunStages(beam.PTransform):
+    """Blocks in, the final state out (a singleton PCollection). Each stage (see
+    ``beam_dp.algorithms.base``) is a Map to partial sums per block with the current state as a
+    side input, one CombineGlobally, and a Map that adds the noise and updates the state."""
+
+    def __init__(self, stages, initial_state):
+        super().__init__()
+        self.stages = list(stages)
+        self.initial_state = initial_state
+
+    def expand(self, blocks):
+        current = blocks.pipeline | "InitialState" >> beam.Create([self.initial_state])
+        for i, stage in enumerate(self.stages):
+            side = beam.pvalue.AsSingleton(current)
+            total = (blocks
+                     | f"PartialSums{i}" >> beam.Map(_partial_sum, stage, side)
+                     | f"Sum{i}" >> beam.CombineGlobally(CombinerFn(ArraySum(stage.shape))))
+            current = total | f"Apply{i}" >> beam.Map(_apply, stage, side)
+        return current
+
+
+class PrivateStatistics(beam.PTransform):
+    """Private statistics of blocks (stages from ``beam_dp.stats``, e.g. a CountStage, a
+    QuantileStage, ``adaptive_mean_stages(...)``); outputs one dict of the released values.
+    Every release is recorded in ``ledger`` when the transform is applied to a pipeline."""
+
+    def __init__(self, stages, ledger, initial_state=None):
+        super().__init__()
+        self.stages = list(stages)
+        self.ledger = ledger
+        self.initial_state = dict(initial_state or {})
+
+    def expand(self, blocks):
+        record_releases(self.stages, self.ledger)
+        return blocks | RunStages(self.stages, self.initial_state)
