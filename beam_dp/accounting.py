@@ -6,6 +6,7 @@ the composition of everything the ledger holds; nothing here is a hand formula.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable
 
 import attr
@@ -87,11 +88,22 @@ def calibrate_noise_multiplier(make_event: Callable[[float], events.DpEvent], ep
     The default search starts at 0.3: PLD discretization of a Gaussian with a much smaller
     multiplier needs gigabytes, and budgets that allow less noise are out of this tool's scope.
     """
-    bracket = (dp_accounting.ExplicitBracketInterval(lower, upper) if upper is not None
-               else dp_accounting.LowerEndpointAndGuess(lower, guess))
-    return float(dp_accounting.calibrate_dp_mechanism(
-        lambda: make_accountant(accountant, neighbouring), make_event, epsilon, delta, bracket,
-        tol=1e-4))
+    def calibrate(kind, bracket):
+        return float(dp_accounting.calibrate_dp_mechanism(
+            lambda: make_accountant(kind, neighbouring), make_event, epsilon, delta, bracket,
+            tol=1e-4))
+
+    if upper is not None:
+        return calibrate(accountant, dp_accounting.ExplicitBracketInterval(lower, upper))
+    # RDP first: cheap at any parameter, and never below what PLD needs, so it brackets the PLD
+    # search away from tiny multipliers (a PLD of many steps at a small multiplier can take
+    # gigabytes). Parameters below ``lower`` are not searched.
+    rdp = calibrate("rdp", dp_accounting.LowerEndpointAndGuess(min(lower, 1e-2), guess))
+    if accountant == "rdp":
+        return rdp
+    if make_accountant(accountant, neighbouring).compose(make_event(0.5 * rdp)).get_epsilon(delta) > epsilon:
+        return calibrate(accountant, dp_accounting.ExplicitBracketInterval(0.5 * rdp, rdp))
+    return calibrate(accountant, dp_accounting.LowerEndpointAndGuess(max(lower, 0.1 * rdp), 0.5 * rdp))
 
 
 @dataclasses.dataclass
@@ -105,7 +117,7 @@ class Release:
     params: dict
 
     def composed(self) -> events.DpEvent:
-        return self.event if self.count == 1 else events.SelfComposedDpEvent(self.event, self.count)
+        return self_composed(self.event, self.count)
 
 
 class Ledger:
@@ -139,12 +151,23 @@ class Ledger:
         return [dict(name=r.name, count=r.count, **r.params) for r in self.releases]
 
 
+def self_composed(event: events.DpEvent, count: int) -> events.DpEvent:
+    """``count`` runs of ``event``. k Gaussian mechanisms with multiplier s compose to exactly one
+    Gaussian with multiplier s / sqrt(k) (their privacy-loss distributions are Gaussian), which
+    accountants handle far more cheaply than a k-fold composition."""
+    if count == 1:
+        return event
+    if isinstance(event, events.GaussianDpEvent):
+        return events.GaussianDpEvent(event.noise_multiplier / math.sqrt(count))
+    return events.SelfComposedDpEvent(event, count)
+
+
 def gaussian_steps_event(noise_multiplier: float, sampling_probability: float, steps: int) -> events.DpEvent:
     """DP-SGD/DP-GD steps: a Gaussian sum query, Poisson-subsampled when q < 1."""
     step = events.GaussianDpEvent(noise_multiplier)
     if sampling_probability < 1.0:
         step = events.PoissonSampledDpEvent(sampling_probability, step)
-    return events.SelfComposedDpEvent(step, steps)
+    return self_composed(step, steps)
 
 
 def laplace_count_event(epsilon: float) -> events.DpEvent:

@@ -66,9 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--no-intercept", dest="fit_intercept", action="store_false")
 
     algo = train.add_argument_group("algorithm")
-    algo.add_argument("--algorithm", choices=ALGORITHMS + ("dpsgd-f",), default="dpsgd")
+    algo.add_argument("--algorithm", choices=ALGORITHMS + ("dpsgd-f", "dp-ambssgd", "ssp"), default="dpsgd")
     algo.add_argument("--clip-norm", type=float, default=1.0)
-    algo.add_argument("--learning-rate", type=float, default=2.0)
+    algo.add_argument("--learning-rate", type=float, default=None,
+                      help="default 2 (dpsgd, dpsgd-f), 1 (dpgd), 0.5 (dp-ambssgd)")
     algo.add_argument("--batch-size", type=_positive_int, default=1000, help="expected batch size (dpsgd)")
     algo.add_argument("--epochs", type=float, default=None, help="default 5 (dpsgd) or 100 steps (dpgd)")
     algo.add_argument("--steps", type=_positive_int, default=None, help="overrides --epochs")
@@ -78,10 +79,25 @@ def build_parser() -> argparse.ArgumentParser:
     algo.add_argument("--feature-norm", type=float, default=None,
                       help="dpsgd/dpgd and dpsgd-f practical: normalize every feature vector to this "
                            "norm (C_F); dpsgd-f theory: the public bound R (vectors clipped to it)")
+    algo.add_argument("--rank", type=_positive_int, default=None,
+                      help="dpgd: public bound on the feature rank, sets the number of steps (default d + 1)")
+    algo.add_argument("--max-steps", type=_positive_int, default=2000, help="dpgd: cap on that number")
     algo.add_argument("--dpsgd-f-variant", choices=dpsgd_f.VARIANTS, default="practical")
     algo.add_argument("--preprocess-epsilon", type=float, default=None,
                       help="dpsgd-f: budget of the private preprocessing (default 5%% of epsilon "
                            "for practical, 2/3 for theory)")
+
+    regression = train.add_argument_group("dp-ambssgd and ssp (linear regression)")
+    regression.add_argument("--blocks", type=_positive_int, default=12, help="dp-ambssgd: T disjoint blocks")
+    regression.add_argument("--stat-fraction", type=float, default=1 / 11,
+                            help="dp-ambssgd: share of each block for the clip statistics (s/(b+s))")
+    regression.add_argument("--expected-feature-norm", type=float, default=None,
+                            help="dp-ambssgd: R_x, clip = R_x * residual threshold (default sqrt(d))")
+    regression.add_argument("--residual-bound", type=float, default=1e4,
+                            help="dp-ambssgd: largest residual the clip search considers")
+    regression.add_argument("--label-bound", type=float, default=4.0, help="ssp: labels clamped to +-this")
+    regression.add_argument("--ridge", type=float, default=None,
+                            help="ssp: ridge penalty; default chosen privately (AdaSSP)")
 
     privacy = train.add_argument_group("privacy")
     budget = privacy.add_mutually_exclusive_group(required=True)
@@ -232,31 +248,37 @@ def _privacy_report(ledger, delta: float, seed_fixed: bool, **fields) -> dict:
 
 def _train(args, beam_args: list[str]) -> int:
     from beam_dp import accounting, data, features as feature_maps, losses, mechanisms, report
-    from beam_dp.algorithms import dpsgd_f, noisy_gd
+    from beam_dp.algorithms import dp_ambssgd, dpsgd_f, noisy_gd, ssp
 
     loss = losses.make_loss(args.model, args.num_classes, args.huber_delta)
+    default_rate = {"dpgd": 1.0, "dp-ambssgd": 0.5}.get(args.algorithm, 2.0)
     config = noisy_gd.NoisyGDConfig(
-        algorithm="dpsgd" if args.algorithm == "dpsgd-f" else args.algorithm,
-        clip_norm=args.clip_norm, learning_rate=args.learning_rate,
+        algorithm=args.algorithm if args.algorithm in noisy_gd.ALGORITHMS else "dpsgd",
+        clip_norm=args.clip_norm,
+        learning_rate=args.learning_rate if args.learning_rate is not None else default_rate,
         batch_size=args.batch_size, epochs=args.epochs, steps=args.steps, epsilon=args.epsilon,
         delta=args.delta, noise_multiplier=args.noise_multiplier, accountant=args.accountant,
         num_examples=args.num_examples, count_epsilon=args.count_epsilon,
         average_iterates=args.average_iterates, fit_intercept=args.fit_intercept,
-        steps_per_chunk=args.steps_per_pipeline)
+        steps_per_chunk=args.steps_per_pipeline, rank=args.rank, max_steps=args.max_steps)
     config.validate()
+    if args.algorithm in ("dp-ambssgd", "ssp") and args.checkpoint_dir:
+        raise ValueError(f"--checkpoint-dir is not supported by {args.algorithm} (one pass)")
     f_config = None
     if args.algorithm == "dpsgd-f":
         f_config = dpsgd_f.DpsgdFConfig(args.dpsgd_f_variant, args.preprocess_epsilon,
                                         args.feature_norm if args.feature_norm is not None else 1.0)
         f_config.validate()
-    elif args.feature_norm is not None and not args.feature_norm > 0:
+    elif args.feature_norm is not None and args.algorithm not in ("ssp",) and not args.feature_norm > 0:
         raise ValueError("--feature-norm must be positive")
     validation_files = data.list_files(args.validation) if args.validation else []
     features, aggregator, open_file = _input(args, beam_args, loss, args.label_column)
 
     seed = args.seed if args.seed is not None else mechanisms.secure_seed()
     # The per-example map that the model expects of raw features (applied again by `predict`).
-    if f_config is not None and f_config.variant == "theory":
+    if args.algorithm in ("dp-ambssgd", "ssp"):
+        feature_transform = None
+    elif f_config is not None and f_config.variant == "theory":
         feature_transform = {"clip_rows": f_config.feature_norm}
     elif args.feature_norm is not None:
         feature_transform = {"normalize_rows": args.feature_norm}
@@ -264,7 +286,14 @@ def _train(args, beam_args: list[str]) -> int:
         feature_transform = None
     with report.atomic_directory(args.output, args.overwrite) as out:
         ledger = accounting.Ledger(args.accountant, accounting.ADD_REMOVE)
-        if f_config is not None:
+        if args.algorithm == "dp-ambssgd":
+            result = dp_ambssgd.train(config, dp_ambssgd.AmbssgdConfig(
+                args.blocks, args.stat_fraction, args.expected_feature_norm, args.residual_bound),
+                loss, len(features), aggregator, seed, ledger, _progress_callback())
+        elif args.algorithm == "ssp":
+            result = ssp.train(config, ssp.SspConfig(args.feature_norm, args.label_bound, args.ridge),
+                               loss, len(features), aggregator, seed, ledger)
+        elif f_config is not None:
             result = dpsgd_f.train(config, f_config, loss, len(features), aggregator, seed, ledger,
                                    _progress_callback(), args.checkpoint_dir)
         else:
@@ -283,7 +312,9 @@ def _train(args, beam_args: list[str]) -> int:
             algorithm=args.algorithm if f_config is None else f"dpsgd-f ({f_config.variant})",
             noise_multiplier=result.noise_multiplier,
             sampling_probability=result.sampling_probability,
-            sampling="Poisson" if result.sampling_probability < 1 else "full batch",
+            sampling={"dp-ambssgd": "one pass over disjoint blocks (data-independent assignment)",
+                      "ssp": "one pass (sufficient statistics)"}.get(
+                args.algorithm, "Poisson" if result.sampling_probability < 1 else "full batch"),
             steps=result.steps,
             clip_norm=result.clip_norm,
             expected_batch_size=result.sampling_probability * result.dataset_size["value"],
@@ -332,10 +363,11 @@ def _stats(args, beam_args: list[str]) -> int:
             "feature_norm_quantiles": {str(q): float(state["norm_quantiles"][0, i])
                                        for i, q in enumerate(norm_qs)},
             "quantile_rank_error_95": {
-                release["name"] + (" (columns)" if i == 1 else " (norms)"):
+                release["name"] + label:
                     stats.quantile_rank_error_bound(release["grid_size"], release["epsilon"], 0.05)
-                for i, release in enumerate(ledger.mechanisms())
-                if release["name"] == "exponential_mechanism_quantile"},
+                for label, release in zip((" (columns)", " (norms)"),
+                                          [r for r in ledger.mechanisms()
+                                           if r["name"] == "exponential_mechanism_quantile"])},
             "notes": ("Quantiles are grid points of a symmetric log grid over +-value_bound "
                       "(relative resolution about 1.8%), chosen by the exponential mechanism: with "
                       "probability 0.95 each one's rank is within quantile_rank_error_95 examples "

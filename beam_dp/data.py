@@ -47,6 +47,7 @@ class Block:
     source: str = ""
     row_start: int = 0
     sq_norms: np.ndarray | None = None
+    tag: int = -1   # which part of a partitioned dataset the rows belong to (e.g. a block and role)
 
     def __post_init__(self):
         if self.sq_norms is None:
@@ -63,7 +64,7 @@ class Block:
 
     def take(self, rows: np.ndarray) -> "Block":
         return Block(self.features[rows], self.labels[rows], self.source, self.row_start,
-                     self.sq_norms[rows])
+                     self.sq_norms[rows], self.tag)
 
 
 def file_format(path: str) -> str:

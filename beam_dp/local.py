@@ -12,6 +12,10 @@ class LocalAggregator:
     def __init__(self, blocks: Sequence[Block]):
         self.blocks = list(blocks)
 
+    def with_block_map(self, block_map) -> "LocalAggregator":
+        """An aggregator over the blocks that ``block_map`` (block -> blocks) makes of these."""
+        return LocalAggregator([b for block in self.blocks for b in block_map(block)])
+
     def count(self) -> int:
         return sum(len(b) for b in self.blocks)
 

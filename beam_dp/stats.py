@@ -437,7 +437,7 @@ def dataset_summary_stages(columns: int, quantiles: tuple, epsilon: float, delta
                                value_bound, grid_size, count)
 
     def make_event(inverse_scale: float):
-        return events.ComposedDpEvent([e if c == 1 else events.SelfComposedDpEvent(e, c)
+        return events.ComposedDpEvent([accounting.self_composed(e, c)
                                        for stage in build(inverse_scale)
                                        for _, e, c, _ in stage.releases()])
     return build(accounting.calibrate_noise_multiplier(make_event, epsilon, delta, accountant,

@@ -57,6 +57,8 @@ class Aggregator(Protocol):
 
     def run_stages(self, stages: Sequence[Stage], state): ...
 
+    def with_block_map(self, block_map) -> "Aggregator": ...
+
 
 def save_checkpoint(directory: str, state: TrainState, config: dict, plan: dict) -> None:
     """Writes the state and the public plan atomically (temporary file, then rename)."""

@@ -49,6 +49,8 @@ class NoisyGDConfig:
     average_iterates: bool | None = None  # default: on for dpgd, off for dpsgd
     fit_intercept: bool = True
     steps_per_chunk: int = 25
+    rank: int | None = None            # dpgd: public bound on the feature rank (default d + 1)
+    max_steps: int = 2000              # dpgd: cap on the rank-based number of steps
 
     def validate(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -68,6 +70,10 @@ class NoisyGDConfig:
                 raise ValueError(f"{name} must be a positive number, got {value}")
         if not self.delta < 1:
             raise ValueError("delta must be below 1")
+        if self.rank is not None and self.rank < 1:
+            raise ValueError("--rank must be at least 1")
+        if self.max_steps < 1:
+            raise ValueError("--max-steps must be at least 1")
         if self.steps is not None and self.steps < 1:
             raise ValueError("steps must be at least 1")
         if self.num_examples is not None and self.num_examples < 1:
@@ -118,7 +124,7 @@ class TrainResult:
     noise_multiplier: float
     sampling_probability: float
     steps: int
-    clip_norm: float
+    clip_norm: float | None     # None where it is chosen privately per step (dp-ambssgd)
     dataset_size: dict          # how n was obtained, and the (public or noisy) value used
     preprocessing: dict         # public releases made before training (empty for dpsgd/dpgd)
 
@@ -176,7 +182,7 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
         state = TrainState.zeros(loss.outputs(), dim)
         dataset_size = release_dataset_size(config, aggregator, seed, ledger)
         preprocessing = preprocess(dataset_size["value"]) if preprocess else {}
-        plan = _plan(config, dataset_size, ledger)
+        plan = _plan(config, dataset_size, ledger, dim)
         plan.update(preprocessing=preprocessing, releases=[
             {"name": r.name, "event": accounting.event_to_json(r.event), "count": r.count,
              "params": r.params} for r in ledger.releases])
@@ -207,15 +213,27 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
                        plan["preprocessing"])
 
 
-def _plan(config: NoisyGDConfig, dataset_size: dict, ledger: accounting.Ledger) -> dict:
+def dpgd_steps(n: int, epsilon: float | None, delta: float, rank: int, max_steps: int) -> int:
+    """Paper 002 (note §2.3): the excess-risk bound of averaged DP-GD is
+    ||theta*||_M sqrt(L^2/T + 2 L^2 rank log(1/delta) / (n eps)^2), so any
+    T >= (n eps)^2 / (2 rank log(1/delta)) is within sqrt(2) of the T -> infinity limit (the paper's
+    T = (n eps)^2 is far more than needed). Capped at ``max_steps`` full passes; with only a
+    noise multiplier given, epsilon is unknown and the cap is used."""
+    if epsilon is None:
+        return max_steps
+    return int(min(max_steps, max(1, math.ceil((n * epsilon) ** 2 / (2 * rank * math.log(1 / delta))))))
+
+
+def _plan(config: NoisyGDConfig, dataset_size: dict, ledger: accounting.Ledger, dim: int) -> dict:
     """The public plan: q, the number of steps and sigma (calibrated against the ledger so far)."""
     n = dataset_size["value"]
     q = 1.0 if config.algorithm == "dpgd" else min(1.0, config.batch_size / n)
     if config.steps is not None:
         steps = int(config.steps)
+    elif config.epochs is not None or q < 1:
+        steps = max(1, math.ceil((config.epochs if config.epochs is not None else 5.0) / q))
     else:
-        epochs = config.epochs if config.epochs is not None else (5.0 if q < 1 else 100.0)
-        steps = max(1, math.ceil(epochs / q))
+        steps = dpgd_steps(n, config.epsilon, config.delta, config.rank or dim + 1, config.max_steps)
     if config.noise_multiplier is not None:
         sigma = float(config.noise_multiplier)
     else:

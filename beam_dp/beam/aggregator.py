@@ -33,14 +33,20 @@ class BeamAggregator:
     def __init__(self, files, label_column, feature_columns, loss, batch_rows,
                  pipeline_args: list[str], work_dir: str | None = None):
         self.read_args = (files, label_column, feature_columns, loss, batch_rows)
+        self.pipeline_args = list(pipeline_args)
+        self.block_maps: list = []
         self.options = PipelineOptions(pipeline_args)
         if work_dir is None:
             temp = self.options.get_all_options().get("temp_location")
             work_dir = (FileSystems.join(temp, f"beam-dp-{uuid.uuid4().hex}") if temp
                         else tempfile.mkdtemp(prefix="beam-dp-"))
         self.work_dir = work_dir
-        self.dim = len(feature_columns)
-        self.outputs = loss.outputs()
+
+    def with_block_map(self, block_map) -> "BeamAggregator":
+        """An aggregator over the blocks that ``block_map`` (block -> blocks) makes of these."""
+        other = BeamAggregator(*self.read_args, self.pipeline_args, self.work_dir)
+        other.block_maps = self.block_maps + [block_map]
+        return other
 
     def _path(self, name: str) -> str:
         if "://" not in self.work_dir:
@@ -52,7 +58,7 @@ class BeamAggregator:
         block also validates every file before training starts."""
         path = self._path("count")
         with beam.Pipeline(options=self.options) as p:
-            (p | "ReadBlocks" >> ReadBlocks(*self.read_args)
+            (p | "ReadBlocks" >> ReadBlocks(*self.read_args, self.block_maps)
                | "Rows" >> beam.Map(len)
                | "Count" >> beam.CombineGlobally(sum)
                | "Save" >> beam.Map(_write_pickle, path))
@@ -63,7 +69,7 @@ class BeamAggregator:
     def run_stages(self, stages: Sequence[Stage], state):
         path = self._path("state")
         with beam.Pipeline(options=self.options) as p:
-            (p | "ReadBlocks" >> ReadBlocks(*self.read_args)
+            (p | "ReadBlocks" >> ReadBlocks(*self.read_args, self.block_maps)
                | "Stages" >> RunStages(stages, state)
                | "SaveState" >> beam.Map(_write_pickle, path))
         return _read_pickle(path)

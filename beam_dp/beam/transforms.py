@@ -4,6 +4,8 @@ from __future__ import annotations
 from typing import Sequence
 
 import apache_beam as beam
+import pyarrow as pa
+from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from beam_dp import data
@@ -13,8 +15,11 @@ from beam_dp.stats import ArraySum, record_releases
 
 
 def open_file(path: str):
-    """Opens local and remote (gs://, s3://, ...) files alike; Beam decompresses .gz by name."""
-    return FileSystems.open(path)
+    """Opens local and remote (gs://, s3://, ...) files alike. A .gz file is decompressed by
+    pyarrow: Beam's own decompressing reader has a ``closed`` method where pyarrow expects a
+    property, so pyarrow takes every such file for closed."""
+    f = FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+    return pa.CompressedInputStream(f, "gzip") if path.endswith(".gz") else f
 
 
 def _read_file(path: str, label_column: str, feature_columns: Sequence[str], loss: GlmLoss,
@@ -27,16 +32,20 @@ class ReadBlocks(beam.PTransform):
     file is read in batches of ``batch_rows`` rows, so no per-row Python objects are made."""
 
     def __init__(self, files: Sequence[str], label_column: str, feature_columns: Sequence[str],
-                 loss: GlmLoss, batch_rows: int = data.DEFAULT_BATCH_ROWS):
+                 loss: GlmLoss, batch_rows: int = data.DEFAULT_BATCH_ROWS, block_maps=()):
         super().__init__()
         self.files = list(files)
         self.args = (label_column, list(feature_columns), loss, batch_rows)
+        self.block_maps = list(block_maps)
 
     def expand(self, pbegin):
-        return (pbegin
-                | "Files" >> beam.Create(self.files)
-                | "Spread" >> beam.Reshuffle()
-                | "Read" >> beam.FlatMap(_read_file, *self.args))
+        blocks = (pbegin
+                  | "Files" >> beam.Create(self.files)
+                  | "Spread" >> beam.Reshuffle()
+                  | "Read" >> beam.FlatMap(_read_file, *self.args))
+        for i, block_map in enumerate(self.block_maps):
+            blocks = blocks | f"MapBlocks{i}" >> beam.FlatMap(block_map)
+        return blocks
 
 
 def _partial_sum(block, stage, state):
