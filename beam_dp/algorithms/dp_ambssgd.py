@@ -122,7 +122,7 @@ class AmbssgdStep:
         else:
             # Clipped sums for every candidate clip norm at once: (L+1, m) factors times rows.
             norms = np.abs(residual) * np.sqrt(block.sq_norms + 1.0)
-            zetas = self.feature_norm * self.thresholds()
+            zetas = self.feature_norm * np.minimum(self.thresholds(), self.bound)
             with np.errstate(divide="ignore"):
                 factors = np.minimum(1.0, zetas[:, None] / norms[None, :])
             weighted = factors * residual[None, :]
