@@ -171,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         text = str(e)
         if DataError.MARKER in text:
             line = text[text.index(DataError.MARKER) + len(DataError.MARKER):].splitlines()[0]
+            line = line.split(" [while running")[0]  # Beam appends the step's name
             print(f"beam-dp: error: {line.strip()}", file=sys.stderr)
             return 2
         raise

@@ -22,9 +22,13 @@ def _write_pickle(value, path):
         f.write(pickle.dumps(value))
 
 
-def _read_pickle(path):
+def _take_pickle(path):
+    """Reads the value a pipeline saved for the driver and deletes the file: nothing the driver
+    reads back (an exact count, a state) is left in the work directory after the job."""
     with FileSystems.open(path) as f:
-        return pickle.loads(f.read())
+        value = pickle.loads(f.read())
+    FileSystems.delete([path])
+    return value
 
 
 class BeamAggregator:
@@ -62,9 +66,7 @@ class BeamAggregator:
                | "Rows" >> beam.Map(len)
                | "Count" >> beam.CombineGlobally(sum)
                | "Save" >> beam.Map(_write_pickle, path))
-        count = int(_read_pickle(path))
-        FileSystems.delete([path])  # an exact count must not outlive the job (trust model)
-        return count
+        return int(_take_pickle(path))
 
     def run_stages(self, stages: Sequence[Stage], state):
         path = self._path("state")
@@ -72,4 +74,4 @@ class BeamAggregator:
             (p | "ReadBlocks" >> ReadBlocks(*self.read_args, self.block_maps)
                | "Stages" >> RunStages(stages, state)
                | "SaveState" >> beam.Map(_write_pickle, path))
-        return _read_pickle(path)
+        return _take_pickle(path)

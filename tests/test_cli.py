@@ -1,0 +1,506 @@
+"""End to end through ``beam-dp``: artifacts, the privacy report's accounting, runner equivalence,
+bad input, prediction, output safety, checkpoints, seeds, and what may leave the job.
+
+Most runs call ``beam_dp.cli.main`` in-process (the ``cli`` fixture); a few run the installed
+console script in a subprocess to see exactly what a user sees on stdout and stderr. Beam runs pin
+Beam's in-process runner with ``--runner FnApiRunner``. Runs that are not about calibration pass
+``--noise-multiplier`` rather than ``--epsilon``: PLD calibration alone takes seconds.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+
+import dp_accounting
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
+import pytest
+from dp_accounting import dp_event as ev
+from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.rdp import rdp_privacy_accountant
+from scipy.special import expit
+
+from beam_dp import cli as cli_mod
+from beam_dp import losses, report, synthetic
+from conftest import SMALL_D, SMALL_N, model_theta, read_json
+
+BEAM_DP = os.path.join(os.path.dirname(sys.executable), "beam-dp")
+BEAM = ["--runner", "FnApiRunner"]
+LOCAL = ["--runner", "local"]
+# Small and fast: 5 steps in chunks of 2, so three chunks (three pipelines on Beam) run.
+FAST = ["--noise-multiplier", "1.2", "--steps", "5", "--steps-per-pipeline", "2",
+        "--batch-size", "300", "--batch-rows", "400"]
+
+
+def train_args(data, output, *extra):
+    return ["train", "--input", data["train_glob"], "--output", str(output), *extra]
+
+
+def _subprocess(*argv, env=None):
+    return subprocess.run([BEAM_DP, *map(str, argv)], capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+def _error_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("beam-dp: error:")]
+
+
+def _no_temporary_leftovers(parent) -> None:
+    leftovers = [n for n in os.listdir(parent) if ".tmp-" in n or ".old-" in n]
+    assert leftovers == []
+
+
+# ------------------------------------------------------------------------------ a. artifacts
+
+
+def test_make_data_then_train_local_writes_the_artifacts(tmp_path, cli):
+    data_dir = tmp_path / "data"
+    r = cli("make-data", "--output", data_dir, "--n", 3000, "--d", 6, "--validation-n", 500,
+            "--shards", 3)
+    assert r.code == 0, r
+    assert sorted(os.listdir(data_dir)) == [
+        "train-00000-of-00003.parquet", "train-00001-of-00003.parquet",
+        "train-00002-of-00003.parquet", "validation-00000-of-00001.parquet"]
+    assert sum(pq.read_metadata(data_dir / f"train-0000{i}-of-00003.parquet").num_rows
+               for i in range(3)) == 3000
+
+    out = tmp_path / "out"
+    r = cli("train", "--input", data_dir / "train-*.parquet", "--validation",
+            data_dir / "validation-*.parquet", "--output", out, *LOCAL, *FAST, "--seed", 3)
+    assert r.code == 0, r
+    assert sorted(os.listdir(out)) == ["metrics.json", "model.json", "privacy_report.json"]
+
+    model = read_json(out / "model.json")
+    assert model["model"] == "logistic"
+    assert model["feature_columns"] == [f"f{j}" for j in range(6)]
+    assert len(model["coefficients"]) == 6 and all(math.isfinite(c) for c in model["coefficients"])
+    assert isinstance(model["intercept"], float)
+
+    privacy = read_json(out / "privacy_report.json")
+    for key in ["epsilon", "delta", "accountant", "neighbouring", "noise_multiplier",
+                "sampling_probability", "steps", "clip_norm", "mechanisms"]:
+        assert key in privacy, key
+    assert privacy["accountant"] == "pld" and privacy["neighbouring"] == "add/remove"
+    assert privacy["noise_multiplier"] == 1.2 and privacy["steps"] == 5
+    assert privacy["clip_norm"] == 1.0 and privacy["delta"] == 1e-5
+    assert 0 < privacy["epsilon"] < math.inf
+    assert [m["name"] for m in privacy["mechanisms"]] == [
+        "laplace_count", "poisson_sampled_gaussian_clipped_gradient_sum"]
+
+    metrics = read_json(out / "metrics.json")
+    assert metrics["covered_by_privacy_guarantee"] is False
+    assert metrics["validation_examples"] == 500
+    assert 0.5 < metrics["accuracy"] <= 1.0
+    _no_temporary_leftovers(tmp_path)
+
+
+@pytest.mark.parametrize("task,model,extra,coef_shape,metric", [
+    ("multiclass", "softmax", ["--num-classes", "3"], (3, 5), "accuracy"),
+    ("binary", "hinge", [], (5,), "accuracy"),
+    ("regression", "linear", ["--no-intercept"], (5,), "rmse"),
+    ("regression", "huber", ["--huber-delta", "0.5", "--algorithm", "dpgd"], (5,), "rmse"),
+])
+def test_every_model_trains_from_csv(tmp_path, cli, task, model, extra, coef_shape, metric):
+    data_dir = tmp_path / "data"
+    assert cli("make-data", "--output", data_dir, "--task", task, "--n", 1500, "--d", 5,
+               "--validation-n", 300, "--shards", 2, "--format", "csv").code == 0
+    out = tmp_path / "out"
+    r = cli("train", "--input", data_dir / "train-*.csv", "--validation",
+            data_dir / "validation-*.csv", "--output", out, "--model", model, *extra, *LOCAL,
+            *FAST, "--seed", 1)
+    assert r.code == 0, r
+    artifact = read_json(out / "model.json")
+    assert artifact["model"] == model
+    assert np.shape(artifact["coefficients"]) == coef_shape
+    if "--no-intercept" in extra:
+        assert artifact["intercept"] == 0.0 and artifact["fit_intercept"] is False
+    metrics = read_json(out / "metrics.json")
+    assert metric in metrics and metrics["covered_by_privacy_guarantee"] is False
+
+
+# ----------------------------------------------------------------- b. the report's accounting
+
+
+def _recompute_epsilon(privacy: dict) -> float:
+    """Epsilon from the report's public fields alone, composed directly with dp_accounting."""
+    relation = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+    if privacy["accountant"] == "pld":
+        accountant = pld_privacy_accountant.PLDAccountant(neighboring_relation=relation)
+    else:
+        accountant = rdp_privacy_accountant.RdpAccountant(neighboring_relation=relation)
+    names = [m["name"] for m in privacy["mechanisms"]]
+    for m in privacy["mechanisms"]:
+        if m["name"] == "laplace_count":
+            assert m["count"] == 1 and m["sensitivity"] == 1
+            accountant.compose(ev.LaplaceDpEvent(1.0 / m["epsilon"]))
+    assert names[-1] == "poisson_sampled_gaussian_clipped_gradient_sum"
+    q, sigma, steps = (privacy["sampling_probability"], privacy["noise_multiplier"],
+                       privacy["steps"])
+    assert privacy["mechanisms"][-1]["count"] == steps
+    assert privacy["mechanisms"][-1]["noise_multiplier"] == sigma
+    assert privacy["mechanisms"][-1]["sampling_probability"] == q
+    accountant.compose(ev.SelfComposedDpEvent(
+        ev.PoissonSampledDpEvent(q, ev.GaussianDpEvent(sigma)), steps))
+    return accountant.get_epsilon(privacy["delta"])
+
+
+@pytest.mark.parametrize("accountant,num_examples", [
+    ("pld", None), ("pld", SMALL_N), ("rdp", None)], ids=["pld-count", "pld-public-n", "rdp-count"])
+def test_report_epsilon_recomputed_independently(tmp_path, cli, small_binary, accountant,
+                                                 num_examples):
+    extra = ["--num-examples", num_examples] if num_examples else []
+    out = tmp_path / "out"
+    r = cli(*train_args(small_binary, out, *LOCAL, "--epsilon", 1.0, "--delta", 1e-6,
+                        "--accountant", accountant, "--steps", 5, "--batch-size", 300,
+                        "--seed", 2, *extra))
+    assert r.code == 0, r
+    privacy = read_json(out / "privacy_report.json")
+    assert privacy["accountant"] == accountant
+    assert privacy["requested_epsilon"] == 1.0 and privacy["delta"] == 1e-6
+    names = [m["name"] for m in privacy["mechanisms"]]
+    if num_examples:
+        assert "laplace_count" not in names
+        assert privacy["dataset_size"] == {"source": "public (--num-examples)", "value": SMALL_N}
+        assert privacy["sampling_probability"] == pytest.approx(300 / SMALL_N)
+    else:
+        assert names[0] == "laplace_count"
+        # The default count budget is 1% of epsilon.
+        assert privacy["mechanisms"][0]["epsilon"] == pytest.approx(0.01)
+        assert privacy["sampling_probability"] == pytest.approx(
+            300 / privacy["dataset_size"]["value"])
+
+    recomputed = _recompute_epsilon(privacy)
+    assert privacy["epsilon"] == pytest.approx(recomputed, rel=1e-6)
+    assert privacy["epsilon"] <= 1.0
+    assert privacy["epsilon"] >= 0.99  # the noise was calibrated to the budget, not overspent
+
+
+# ------------------------------------------------------------------- c. runner equivalence
+
+
+@pytest.mark.parametrize("algorithm", ["dpsgd", "dpgd"])
+def test_local_and_beam_runners_agree(tmp_path, cli, small_binary, algorithm):
+    common = [*FAST, "--algorithm", algorithm, "--seed", 20240601, "--validation",
+              small_binary["validation_glob"]]
+    assert cli(*train_args(small_binary, tmp_path / "local", *LOCAL, *common)).code == 0
+    assert cli(*train_args(small_binary, tmp_path / "beam", *BEAM, *common)).code == 0
+
+    local, beam = model_theta(tmp_path / "local"), model_theta(tmp_path / "beam")
+    assert np.linalg.norm(local) > 0
+    np.testing.assert_allclose(beam, local, rtol=1e-6, atol=1e-9 * np.abs(local).max())
+    # The public plan (noisy n, q, sigma, steps) and hence the accounting agree too.
+    reports = [read_json(tmp_path / r / "privacy_report.json") for r in ("local", "beam")]
+    for key in ["epsilon", "dataset_size", "sampling_probability", "noise_multiplier", "steps",
+                "mechanisms"]:
+        assert reports[0][key] == reports[1][key], key
+
+
+def test_default_runner_is_beams_in_process_runner():
+    args, _ = cli_mod.build_parser().parse_known_args(
+        ["train", "--input", "x", "--output", "y", "--epsilon", "1"])
+    assert args.runner == "FnApiRunner"
+
+
+# ------------------------------------------------------------------------------ d. bad input
+
+
+def _corrupt_copy(small_binary, directory, kind):
+    """The small dataset's shards with one bad value in the second shard; returns the glob, the
+    bad file's path and the 1-based data row of the bad value."""
+    os.makedirs(directory)
+    for i, path in enumerate(small_binary["train_files"]):
+        table = pq.read_table(path).to_pydict()
+        if i == 1:
+            if kind == "nan":
+                table["f2"][736] = float("nan")
+            else:
+                table["label"][736] = 2
+            bad = str(directory / os.path.basename(path))
+        pq.write_table(pa.table(table), directory / os.path.basename(path))
+    return str(directory / "train-*.parquet"), bad, 737
+
+
+@pytest.mark.parametrize("runner", ["local", "FnApiRunner"])
+@pytest.mark.parametrize("kind", ["nan", "label"])
+def test_bad_input_fails_cleanly(tmp_path, cli, small_binary, runner, kind):
+    pattern, bad_file, row = _corrupt_copy(small_binary, tmp_path / "data", kind)
+    out = tmp_path / "out"
+    r = cli("train", "--input", pattern, "--output", out, "--runner", runner, *FAST, "--seed", 1)
+    assert r.code == 2
+    lines = r.err.splitlines()
+    assert len(lines) == 1, r.err
+    # Both runners report the same one line: the file and the 1-based data row. (Beam may add
+    # the step it was running, "[while running '...']", after it.)
+    expected = f"beam-dp: error: {bad_file}, row {row}: "
+    assert lines[0].startswith(expected), lines[0]
+    assert ("feature 'f2'" if kind == "nan" else "label 2.0 does not fit") in lines[0]
+    assert "beam-dp input error" not in lines[0]
+    assert not out.exists()
+    _no_temporary_leftovers(tmp_path)
+
+
+def test_bad_input_on_beam_seen_from_a_shell(tmp_path, small_binary):
+    pattern, bad_file, row = _corrupt_copy(small_binary, tmp_path / "data", "nan")
+    out = tmp_path / "out"
+    r = _subprocess("train", "--input", pattern, "--output", out, *BEAM, *FAST, "--seed", 1)
+    assert r.returncode == 2, r.stderr
+    # Beam logs the worker's traceback on its own; the command's verdict is one line, the last.
+    lines = _error_lines(r.stderr)
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith(f"beam-dp: error: {bad_file}, row {row}: ")
+    assert r.stderr.rstrip().splitlines()[-1] == lines[0]
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("problem", ["missing-label", "empty-glob", "missing-feature", "garbage"])
+def test_input_errors_found_before_training(tmp_path, cli, small_binary, problem):
+    args = ["--input", small_binary["train_glob"]]
+    expected = small_binary["train_files"][0]
+    if problem == "missing-label":
+        args += ["--label-column", "target"]
+    elif problem == "missing-feature":
+        args += ["--feature-columns", "f0,nope"]
+    elif problem == "empty-glob":
+        args = ["--input", str(tmp_path / "none-*.parquet")]
+        expected = args[1]
+    else:
+        expected = str(tmp_path / "garbage.parquet")
+        with open(expected, "wb") as f:
+            f.write(b"PAR1 this is not parquet" * 10)
+        args = ["--input", expected]
+    out = tmp_path / "out"
+    r = cli("train", *args, "--output", out, *LOCAL, *FAST)
+    assert r.code == 2
+    (line,) = r.err.splitlines()
+    assert line.startswith("beam-dp: error: ") and expected in line
+    assert not out.exists()
+
+
+# ------------------------------------------------------------------------------- e. predict
+
+
+def test_predict_logistic_writes_one_prediction_and_probability_per_row(tmp_path, cli, small_binary):
+    model_dir = tmp_path / "model"
+    assert cli(*train_args(small_binary, model_dir, *LOCAL, *FAST, "--seed", 4)).code == 0
+    predictions = tmp_path / "pred.csv"
+    r = cli("predict", "--model", model_dir, "--input", small_binary["train_glob"],
+            "--output", predictions)
+    assert r.code == 0, r
+    table = pa_csv.read_csv(predictions)
+    assert table.column_names == ["prediction", "probability"]
+    assert table.num_rows == SMALL_N
+
+    artifact = read_json(model_dir / "model.json")
+    # Rows come out in the order of the sorted input files, which is the order of the source.
+    score = small_binary["x"] @ np.array(artifact["coefficients"]) + artifact["intercept"]
+    np.testing.assert_allclose(table["probability"].to_numpy(), expit(score), rtol=1e-12)
+    np.testing.assert_array_equal(table["prediction"].to_numpy(), (score > 0).astype(int))
+    assert not any(n.startswith(".tmp-") for n in os.listdir(tmp_path))
+
+
+@pytest.mark.parametrize("model,num_classes", [("linear", None), ("softmax", 3)])
+def test_predict_other_models(tmp_path, cli, model, num_classes):
+    g = np.random.default_rng(8)
+    x = g.standard_normal((250, 4))
+    paths = synthetic.write_shards(str(tmp_path / "data"), "score", x, np.zeros(250), 2)
+    loss = losses.make_loss(model, num_classes)
+    theta = g.standard_normal((loss.outputs(), 5))
+    report.write_json(str(tmp_path), "model.json", report.model_artifact(
+        loss, theta, [f"f{j}" for j in range(4)], "label", "dpsgd", True))
+    out = tmp_path / "pred.parquet"
+    r = cli("predict", "--model", tmp_path / "model.json", "--input",
+            tmp_path / "data" / "score-*.parquet", "--output", out)
+    assert r.code == 0, r
+    table = pq.read_table(out)
+    assert table.column_names == ["prediction"]          # a probability only for logistic
+    assert table.num_rows == 250 and len(paths) == 2
+    scores = x @ theta[:, :-1].T + theta[:, -1]
+    expected = scores[:, 0] if model == "linear" else np.argmax(scores, axis=1)
+    np.testing.assert_allclose(table["prediction"].to_numpy(), expected, rtol=1e-12)
+
+
+# ------------------------------------------------------------------ f. existing --output
+
+
+def test_existing_output_is_left_untouched_without_overwrite(tmp_path, cli, small_binary):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("precious")
+    r = cli(*train_args(small_binary, out, *LOCAL, *FAST))
+    assert r.code == 2
+    (line,) = r.err.splitlines()
+    assert line.startswith("beam-dp: error: ") and str(out) in line and "--overwrite" in line
+    assert os.listdir(out) == ["keep.txt"] and (out / "keep.txt").read_text() == "precious"
+    _no_temporary_leftovers(tmp_path)
+
+    r = cli(*train_args(small_binary, out, *LOCAL, *FAST, "--overwrite"))
+    assert r.code == 0, r
+    assert sorted(os.listdir(out)) == ["model.json", "privacy_report.json"]
+    _no_temporary_leftovers(tmp_path)
+
+
+# ---------------------------------------------------------------------------- g. checkpoints
+
+
+def _forbid_data_access(monkeypatch):
+    """Makes any aggregation on the data fail: a resumed, finished run must not need it."""
+    from beam_dp import local
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the resumed run touched the data")
+
+    for name in ("count", "run_stages", "run_steps"):
+        if hasattr(local.LocalAggregator, name):
+            monkeypatch.setattr(local.LocalAggregator, name, refuse)
+
+
+def test_checkpoint_resume_of_a_finished_run(tmp_path, cli, small_binary, monkeypatch):
+    ckpt = tmp_path / "ckpt"
+    args = [*LOCAL, *FAST, "--seed", 5, "--checkpoint-dir", ckpt]
+    assert cli(*train_args(small_binary, tmp_path / "first", *args)).code == 0
+    with np.load(ckpt / "state.npz") as z:
+        assert int(z["step"]) == 5
+        plan = json.loads(str(z["plan"]))
+    first_report = read_json(tmp_path / "first" / "privacy_report.json")
+    # The checkpoint holds the noisy dataset size, the one the report shows, not the exact count.
+    assert plan["dataset_size"] == first_report["dataset_size"]
+
+    _forbid_data_access(monkeypatch)
+    r = cli(*train_args(small_binary, tmp_path / "second", *args))
+    assert r.code == 0, r
+    np.testing.assert_array_equal(model_theta(tmp_path / "second"), model_theta(tmp_path / "first"))
+    second_report = read_json(tmp_path / "second" / "privacy_report.json")
+    for key in ["epsilon", "mechanisms", "dataset_size", "noise_multiplier", "steps"]:
+        assert second_report[key] == first_report[key], key
+
+
+def test_checkpoint_resume_after_an_interruption(tmp_path, cli, small_binary, monkeypatch):
+    from beam_dp import local
+
+    args = [*LOCAL, *FAST, "--seed", 6]
+    assert cli(*train_args(small_binary, tmp_path / "uninterrupted", *args)).code == 0
+
+    ckpt = tmp_path / "ckpt"
+    original = local.LocalAggregator.run_stages
+    calls = []
+
+    def fail_on_second_chunk(self, stages, state):
+        calls.append(len(stages))
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return original(self, stages, state)
+
+    monkeypatch.setattr(local.LocalAggregator, "run_stages", fail_on_second_chunk)
+    with pytest.raises(KeyboardInterrupt):
+        cli(*train_args(small_binary, tmp_path / "out", *args, "--checkpoint-dir", ckpt))
+    assert not (tmp_path / "out").exists()
+    with np.load(ckpt / "state.npz") as z:
+        assert int(z["step"]) == 2
+    monkeypatch.undo()
+
+    assert cli(*train_args(small_binary, tmp_path / "out", *args, "--checkpoint-dir", ckpt)).code == 0
+    np.testing.assert_allclose(model_theta(tmp_path / "out"),
+                               model_theta(tmp_path / "uninterrupted"), rtol=1e-12, atol=0)
+    resumed = read_json(tmp_path / "out" / "privacy_report.json")
+    clean = read_json(tmp_path / "uninterrupted" / "privacy_report.json")
+    # Steps before and after the interruption are all accounted for, the count once.
+    assert resumed["mechanisms"] == clean["mechanisms"]
+    assert resumed["epsilon"] == pytest.approx(clean["epsilon"], rel=1e-12)
+
+
+def test_checkpoint_of_another_configuration_is_refused(tmp_path, cli, small_binary):
+    ckpt = tmp_path / "ckpt"
+    base = [*LOCAL, "--noise-multiplier", "1.2", "--steps-per-pipeline", "2", "--batch-size",
+            "300", "--seed", "5", "--checkpoint-dir", ckpt]
+    assert cli(*train_args(small_binary, tmp_path / "a", *base, "--steps", 2)).code == 0
+    r = cli(*train_args(small_binary, tmp_path / "b", *base, "--steps", 3))
+    assert r.code == 2
+    assert "different configuration" in r.err and str(ckpt) in r.err
+    assert not (tmp_path / "b").exists()
+
+
+# -------------------------------------------------------------------------------- h. seeds
+
+
+def test_seed_is_reported(tmp_path, cli, small_binary):
+    assert cli(*train_args(small_binary, tmp_path / "fixed", *LOCAL, *FAST, "--seed", 9)).code == 0
+    assert read_json(tmp_path / "fixed" / "privacy_report.json")["seed"].startswith("fixed by --seed")
+
+    for name in ("secure1", "secure2"):
+        assert cli(*train_args(small_binary, tmp_path / name, *LOCAL, *FAST)).code == 0
+        assert read_json(tmp_path / name / "privacy_report.json")["seed"] == "OS secure randomness"
+    # And the secure seed really is fresh: two runs draw different noise.
+    assert not np.allclose(model_theta(tmp_path / "secure1"), model_theta(tmp_path / "secure2"))
+
+
+# --------------------------------------------------------------- i. nothing un-noised leaves
+
+
+def _assert_nothing_unnoised(out, stdout, stderr):
+    privacy = read_json(out / "privacy_report.json")
+    assert privacy["dataset_size"]["source"].startswith("private estimate")
+    assert privacy["seed"] == "OS secure randomness"
+    assert "loss" not in (stdout + stderr).lower()
+    metrics = read_json(out / "metrics.json")
+    assert metrics["covered_by_privacy_guarantee"] is False
+    assert set(metrics) == {"validation_examples", "accuracy", "covered_by_privacy_guarantee", "note"}
+
+
+def test_nothing_unnoised_leaves_a_local_run(tmp_path, small_binary):
+    out = tmp_path / "out"
+    r = _subprocess(*train_args(small_binary, out, *LOCAL, *FAST, "--validation",
+                                small_binary["validation_glob"]))
+    assert r.returncode == 0, r.stderr
+    _assert_nothing_unnoised(out, r.stdout, r.stderr)
+
+
+def test_nothing_unnoised_leaves_a_beam_run(tmp_path, small_binary):
+    # Beam's work directory goes under TMPDIR: after the job, no file there may hold the exact
+    # number of training examples (the driver adds the noise to it; only the noisy value leaves).
+    work = tmp_path / "tmp"
+    work.mkdir()
+    env = dict(os.environ, TMPDIR=str(work))
+    out = tmp_path / "out"
+    r = _subprocess(*train_args(small_binary, out, *BEAM, *FAST, "--validation",
+                                small_binary["validation_glob"]), env=env)
+    assert r.returncode == 0, r.stderr
+    _assert_nothing_unnoised(out, r.stdout, r.stderr)
+    for root, _, files in os.walk(work):
+        for name in files:
+            if name.endswith(".pkl"):
+                with open(os.path.join(root, name), "rb") as f:
+                    value = pickle.load(f)
+                assert not (isinstance(value, int) and value == SMALL_N), name
+
+
+@pytest.mark.slow
+def test_local_and_beam_runners_agree_on_gzipped_csv_softmax(tmp_path, cli):
+    """The other reader path (gzipped CSV, decompressed by pyarrow locally and by Beam's
+    FileSystems on Beam), a multi-output model without intercept, and a calibrated RDP budget."""
+    import gzip
+    import shutil
+
+    data_dir = tmp_path / "data"
+    assert cli("make-data", "--output", data_dir, "--task", "multiclass", "--num-classes", 4,
+               "--n", 2400, "--d", 5, "--validation-n", 0, "--shards", 2, "--format", "csv").code == 0
+    for name in os.listdir(data_dir):
+        with open(data_dir / name, "rb") as src, gzip.open(data_dir / f"{name}.gz", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        os.remove(data_dir / name)
+    common = ["--input", data_dir / "train-*.csv.gz", "--model", "softmax", "--num-classes", 4,
+              "--no-intercept", "--accountant", "rdp", "--epsilon", 2, "--steps", 7,
+              "--steps-per-pipeline", 3, "--batch-size", 200, "--batch-rows", 250, "--seed", 77]
+    assert cli("train", "--output", tmp_path / "local", *LOCAL, *common).code == 0
+    assert cli("train", "--output", tmp_path / "beam", *BEAM, *common).code == 0
+    local, beam = model_theta(tmp_path / "local"), model_theta(tmp_path / "beam")
+    assert local.shape == (4 * 5 + 4,) and np.all(local[-4:] == 0)
+    assert np.linalg.norm(local) > 0
+    np.testing.assert_allclose(beam, local, rtol=1e-6, atol=1e-9 * np.abs(local).max())
