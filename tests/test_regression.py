@@ -409,9 +409,11 @@ def test_ambssgd_ledger_is_one_gaussian_by_parallel_composition(num_examples):
     assert params["noise_multiplier"] == sigma and params["gradient_noise_multiplier"] == sigma
     assert params["counts_per_search"] == levels + 1 and params["blocks"] == a_config.blocks
     assert params["stat_noise_multiplier_per_count"] == step.sigma_stat
-    # The robust stopping margin is Gamma' = sigma_stat sqrt(2 ln((L + 1) / beta)).
+    # The robust stopping margin: Gamma' = sigma_stat sqrt(2 ln((L + 1) / beta)) for the noise,
+    # plus sqrt(2 s ln(T / beta)) for the random size of a block's statistics part.
     assert step.margin == pytest.approx(
-        step.sigma_stat * math.sqrt(2 * math.log((levels + 1) / a_config.failure_probability)))
+        step.sigma_stat * math.sqrt(2 * math.log((levels + 1) / a_config.failure_probability))
+        + math.sqrt(2 * step.stat_size * math.log(a_config.blocks / a_config.failure_probability)))
     # Independently with dp_accounting: the search's L + 1 composed counts cost what the one
     # Gaussian the ledger holds costs (so max over the two branches = that Gaussian).
     search = ev.SelfComposedDpEvent(ev.GaussianDpEvent(step.sigma_stat), levels + 1)

@@ -10,7 +10,8 @@ Thakurta & Jain, Algorithms 2 and 3).
 * DP-STAT on the driver: the noisy doubling search over the cumulative counts c_i, each with
   fresh Gaussian noise, stopping at the first i with c_i + noise >= s - Gamma' (the note's robust
   rule, §1.3: the literal "c_priv < s" rule overshoots with a geometric tail), Gamma' =
-  sigma_stat sqrt(2 ln((L + 1) / beta)), beta = 0.01. gamma_t = Delta 2^i (capped at the bound B).
+  sigma_stat sqrt(2 ln((L + 1) / beta)) + sqrt(2 s ln(T / beta)), beta = 0.01 (the second term
+  allows for the random size of the statistics part). gamma_t = Delta 2^i (capped at the bound B).
 * The selected clipped sum gets Gaussian noise of std sigma_grad * zeta_t and the update is
   w_{t+1} = w_t - eta / b (S_t + noise), with b the *nominal* batch size (public).
 * Output: the tail average of the last T/2 iterates.
@@ -178,12 +179,18 @@ def train(config: NoisyGDConfig, a_config: AmbssgdConfig, loss: GlmLoss, dim: in
                   composition=("parallel over disjoint blocks and roles: each example is in one "
                                "DP-STAT search or one clipped gradient sum, each equivalent to "
                                "a Gaussian with this multiplier"))
+    # The search compares noisy counts with the nominal s (the realized size of a block's
+    # statistics part is private under add/remove). That size is Binomial with std ~ sqrt(s), so
+    # the margin also allows for it, or once sqrt(s) is comparable to the noise margin the search
+    # cannot stop and falls through to gamma = B (seen at n = 1e6 in the regression benchmark).
+    size_slack = math.sqrt(2.0 * stat_size * math.log(T / a_config.failure_probability))
     step = AmbssgdStep(
         dim=dim, levels=levels, resolution=resolution, bound=a_config.residual_bound,
         feature_norm=a_config.expected_feature_norm or math.sqrt(dim),
         sigma_stat=sigma_stat, sigma_grad=sigma, stat_size=stat_size, batch_size=batch_size,
         learning_rate=config.learning_rate,
-        margin=sigma_stat * math.sqrt(2.0 * math.log((levels + 1) / a_config.failure_probability)),
+        margin=(sigma_stat * math.sqrt(2.0 * math.log((levels + 1) / a_config.failure_probability))
+                + size_slack),
         tail_start=T - T // 2, seed=seed)
     partitioned = aggregator.with_block_map(Assignment(seed, T, a_config.stat_fraction))
     state = TrainState.zeros(1, dim)
