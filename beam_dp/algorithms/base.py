@@ -8,6 +8,11 @@ An algorithm never imports Beam. It hands an Aggregator *stages*: objects with
 * ``apply(state, total) -> state``: the noise and the update or release, a function of the summed
   blocks and of the public state only.
 
+A stage that subsamples (``subsamples`` true) also offers ``select(block, step)`` (the rows of step
+``step``) and ``selected_sum(rows, state)``, with ``partial_sum(block, state) == selected_sum(select(block,
+state.step), state)``; an aggregator may then sample a whole chunk of steps in one pass and hand
+each step only its own rows, so that the work per step is proportional to the batch.
+
 The aggregator evaluates ``state = apply(state, sum over blocks of partial_sum(block, state))`` for
 each stage in turn: the local aggregator in a loop, the Beam aggregator as one pipeline with the
 stages unrolled. Both are pure functions of (data, seed), so the two agree to float tolerance.

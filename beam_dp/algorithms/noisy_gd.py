@@ -100,8 +100,19 @@ class NoisyGradientStep:
     fit_intercept: bool = True
     transform: Callable | None = None   # per-example feature map, applied to the sampled rows
 
+    @property
+    def subsamples(self) -> bool:
+        return self.sampler.rate < 1.0
+
+    def select(self, block, step: int):
+        """The block's rows in step ``step``'s Poisson sample (all rows when q = 1)."""
+        return self.sampler.select(block, step)
+
     def partial_sum(self, block, state: TrainState) -> np.ndarray:
-        batch = self.sampler.select(block, state.step)
+        return self.selected_sum(self.select(block, state.step), state)
+
+    def selected_sum(self, batch, state: TrainState) -> np.ndarray:
+        """The clipped gradient sum of rows already selected for ``state.step``."""
         if self.transform is not None:
             batch = self.transform(batch)
         return clipping.clipped_gradient_sum(state.theta, batch.features, batch.sq_norms,

@@ -56,6 +56,22 @@ def _apply(total, stage, state):
     return stage.apply(state, total)
 
 
+def _select_for_steps(block, stages, first_step):
+    """Each step's sample of the block, tagged with the step's index in the chunk."""
+    for i, stage in enumerate(stages):
+        rows = stage.select(block, first_step + i)
+        if len(rows):
+            yield i, rows
+
+
+def _by_step(tagged, num_partitions):
+    return tagged[0]
+
+
+def _selected_sum(tagged, stage, state):
+    return stage.selected_sum(tagged[1], state)
+
+
 class RunStages(beam.PTransform):
     """Blocks in, the final state out (a singleton PCollection). Each stage (see
     ``beam_dp.algorithms.base``) is a Map to partial sums per block with the current state as a
@@ -68,11 +84,23 @@ class RunStages(beam.PTransform):
 
     def expand(self, blocks):
         current = blocks.pipeline | "InitialState" >> beam.Create([self.initial_state])
+        # Sampling steps of a training state: sample the whole chunk in one pass over the blocks
+        # and route each step's rows to that step only (Partition), so a step's work is
+        # proportional to its batch rather than to the dataset.
+        # (Full-batch steps read everything anyway: routing each block to each step would only
+        # copy it.)
+        presample = (len(self.stages) > 1 and hasattr(self.initial_state, "step")
+                     and all(getattr(s, "subsamples", False) for s in self.stages))
+        if presample:
+            parts = (blocks
+                     | "SampleSteps" >> beam.FlatMap(_select_for_steps, self.stages, self.initial_state.step)
+                     | "ByStep" >> beam.Partition(_by_step, len(self.stages)))
         for i, stage in enumerate(self.stages):
             side = beam.pvalue.AsSingleton(current)
-            total = (blocks
-                     | f"PartialSums{i}" >> beam.Map(_partial_sum, stage, side)
-                     | f"Sum{i}" >> beam.CombineGlobally(CombinerFn(ArraySum(stage.shape))))
+            partial = (parts[i] | f"PartialSums{i}" >> beam.Map(_selected_sum, stage, side)
+                       if presample else
+                       blocks | f"PartialSums{i}" >> beam.Map(_partial_sum, stage, side))
+            total = partial | f"Sum{i}" >> beam.CombineGlobally(CombinerFn(ArraySum(stage.shape)))
             current = total | f"Apply{i}" >> beam.Map(_apply, stage, side)
         return current
 
