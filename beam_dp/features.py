@@ -20,6 +20,12 @@ def _row_scale(sq_norms: np.ndarray, target: float, only_shrink: bool) -> np.nda
     return np.where(norms > 0, scale, 1.0)
 
 
+def _scale_rows(block: Block, target: float, only_shrink: bool) -> Block:
+    scale = _row_scale(block.sq_norms, target, only_shrink)
+    return Block(block.features * scale[:, None], block.labels, block.source, block.row_start,
+                 block.sq_norms * scale ** 2, block.tag)
+
+
 @dataclasses.dataclass(frozen=True)
 class NormalizeRows:
     """x -> x * C / ||x|| (zero rows stay zero): every feature vector gets norm C (paper 000, App. C)."""
@@ -27,9 +33,7 @@ class NormalizeRows:
     norm: float
 
     def __call__(self, block: Block) -> Block:
-        scale = _row_scale(block.sq_norms, self.norm, only_shrink=False)
-        return Block(block.features * scale[:, None], block.labels, block.source, block.row_start,
-                     block.sq_norms * scale ** 2)
+        return _scale_rows(block, self.norm, only_shrink=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,9 +43,7 @@ class ClipRows:
     norm: float
 
     def __call__(self, block: Block) -> Block:
-        scale = _row_scale(block.sq_norms, self.norm, only_shrink=True)
-        return Block(block.features * scale[:, None], block.labels, block.source, block.row_start,
-                     block.sq_norms * scale ** 2)
+        return _scale_rows(block, self.norm, only_shrink=True)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,7 +8,7 @@ runs in-process on ``LocalAggregator`` over ``Block``s built from numpy arrays; 
 Table A (paper 003, note §3.5): x ~ N(0, I_d), y = <x, w*> + z, z ~ N(0, s^2), ||w*|| = 1, no
 true intercept. The excess (population) risk of an estimate (w, b) is 0.5 (||w - w*||^2 + b^2),
 since H = I. Columns: OLS (``np.linalg.lstsq`` with an intercept column, on the same data),
-DP-AMBSSGD (``dp_ambssgd.train`` with ``AmbssgdConfig()`` defaults, learning rate 0.5), SSP
+DP-AMBSSGD (``dp_ambssgd.train`` with ``AmbssgdConfig()`` defaults, learning rate 1), SSP
 (``ssp.train`` with ``SspConfig()`` defaults, AdaSSP ridge) and DP-SGD (``noisy_gd.train``,
 algorithm ``dpsgd``, one fixed setting given in the caption). The dataset size is public
 (``num_examples = n``), so no budget goes to a count. Median over seeds. One (x, w*, z0) draw per
@@ -42,6 +42,7 @@ from beam_dp.local import LocalAggregator
 
 BLOCK_ROWS = 65536
 DELTA = 1e-5
+AMBSSGD_LR = [1.0]  # set from --ambssgd-lr in main()
 
 
 def log(msg: str) -> None:
@@ -64,6 +65,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="DP-SGD clip norm as a multiple of sqrt(d)")
     p.add_argument("--dpsgd-epochs", type=float, default=5.0, help="DP-SGD passes over the data")
     p.add_argument("--dpsgd-lr", type=float, default=0.5, help="DP-SGD learning rate")
+    p.add_argument("--ambssgd-lr", type=float, default=1.0,
+                   help="DP-AMBSSGD learning rate (the CLI's default for dp-ambssgd)")
     p.add_argument("--dpsgd-average", action=argparse.BooleanOptionalAction, default=True,
                    help="DP-SGD: output the average of all iterates (default) or the last one")
     p.add_argument("--tune-dpsgd", action="store_true",
@@ -120,7 +123,7 @@ def dpsgd_noise_multiplier(q: float, steps: int, epsilon: float) -> float:
 
 
 def run_ambssgd(agg, n, d, eps, seed):
-    cfg = noisy_gd.NoisyGDConfig(epsilon=eps, delta=DELTA, learning_rate=0.5, num_examples=n)
+    cfg = noisy_gd.NoisyGDConfig(epsilon=eps, delta=DELTA, learning_rate=AMBSSGD_LR[0], num_examples=n)
     return dp_ambssgd.train(cfg, dp_ambssgd.AmbssgdConfig(), losses.SquaredLoss(), d, agg, seed,
                             accounting.Ledger())
 
@@ -128,7 +131,7 @@ def run_ambssgd(agg, n, d, eps, seed):
 def run_ambssgd_nonprivate(agg, n, d, seed):
     """The same one-pass algorithm (T, eta, tail average, clipping rule) with a negligible noise
     multiplier: its optimization and sampling error, the floor under the private runs."""
-    cfg = noisy_gd.NoisyGDConfig(noise_multiplier=1e-9, delta=DELTA, learning_rate=0.5,
+    cfg = noisy_gd.NoisyGDConfig(noise_multiplier=1e-9, delta=DELTA, learning_rate=AMBSSGD_LR[0],
                                  num_examples=n, accountant="rdp")
     return dp_ambssgd.train(cfg, dp_ambssgd.AmbssgdConfig(), losses.SquaredLoss(), d, agg, seed,
                             accounting.Ledger("rdp"))
@@ -248,12 +251,12 @@ def table_a(args) -> None:
           "The trivial estimate w = 0 has excess 0.5. OLS: least squares with an intercept "
           "column on the same data (expected s^2 d / (2 (n - d - 1)) + intercept). DP-AMBSSGD: "
           f"`AmbssgdConfig()` defaults (T = {amb.blocks} blocks, s/(b+s) = {amb.stat_fraction:.3g}, "
-          f"R_x = sqrt(d), B = {amb.residual_bound:g}, Delta = B/n), learning rate 0.5. SSP: "
+          f"R_x = sqrt(d), B = {amb.residual_bound:g}, Delta = B/n), learning rate {AMBSSGD_LR[0]:g}. SSP: "
           f"`SspConfig()` defaults (C_x = 2 sqrt(d), C_y = {sspc.label_bound:g}, AdaSSP ridge). "
           f"{sgd}. Last two columns (not private, references that do not depend on eps): the "
           "same DP-AMBSSGD code and block assignment, and the same DP-SGD code, sampling and "
           "clipping, with noise multiplier 1e-9, i.e. their optimization and sampling error "
-          "alone (DP-AMBSSGD: T = 12 one-pass steps, eta = 0.5, tail average of the last 6 "
+          f"alone (DP-AMBSSGD: T = 12 one-pass steps, eta = {AMBSSGD_LR[0]:g}, tail average of the last 6 "
           "iterates). A private column minus its no-noise column is the cost of privacy; SSP's "
           "no-noise counterpart is essentially OLS.\n")
     print("| d | n | eps | noise s | OLS | DP-AMBSSGD | SSP | DP-SGD | AMBSSGD, no noise | "
@@ -424,6 +427,7 @@ def table_b(args) -> None:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    AMBSSGD_LR[0] = args.ambssgd_lr
     logging.getLogger("absl").setLevel(logging.ERROR)
     try:
         from absl import logging as absl_logging

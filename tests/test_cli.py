@@ -284,6 +284,19 @@ def test_input_errors_found_before_training(tmp_path, cli, small_binary, problem
     assert not out.exists()
 
 
+@pytest.mark.parametrize("runner", [LOCAL, BEAM], ids=["local", "beam"])
+def test_files_without_rows_are_an_error_on_both_runners(tmp_path, cli, runner):
+    path = str(tmp_path / "empty.parquet")
+    pq.write_table(pa.table({"f0": pa.array([], pa.float64()),
+                             "label": pa.array([], pa.float64())}), path)
+    out = tmp_path / "out"
+    r = cli("train", "--input", path, "--output", out, *runner, *FAST)
+    assert r.code == 2
+    (line,) = [l for l in r.err.splitlines() if l.startswith("beam-dp: error:")]
+    assert line == f"beam-dp: error: {path}: the input has no rows"
+    assert not out.exists()
+
+
 # ------------------------------------------------------------------------------- e. predict
 
 

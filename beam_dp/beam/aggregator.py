@@ -15,6 +15,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_dp.algorithms.base import Stage
 from beam_dp.beam.transforms import ReadBlocks, RunStages
+from beam_dp.data import DataError
 
 
 def _write_pickle(value, path):
@@ -66,7 +67,10 @@ class BeamAggregator:
                | "Rows" >> beam.Map(len)
                | "Count" >> beam.CombineGlobally(sum)
                | "Save" >> beam.Map(_write_pickle, path))
-        return int(_take_pickle(path))
+        count = int(_take_pickle(path))
+        if count == 0:  # as the local runner does (the README's trust model names this leak)
+            raise DataError(f"{', '.join(self.read_args[0])}: the input has no rows")
+        return count
 
     def run_stages(self, stages: Sequence[Stage], state):
         path = self._path("state")
