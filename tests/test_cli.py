@@ -8,14 +8,12 @@ Beam's in-process runner with ``--runner FnApiRunner``. Runs that are not about 
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
 import pickle
 import subprocess
 import sys
-import tempfile
 
 import dp_accounting
 import numpy as np
@@ -30,7 +28,7 @@ from scipy.special import expit
 
 from beam_dp import cli as cli_mod
 from beam_dp import losses, report, synthetic
-from conftest import SMALL_D, SMALL_N, model_theta, read_json
+from conftest import SMALL_N, model_theta, read_json
 
 BEAM_DP = os.path.join(os.path.dirname(sys.executable), "beam-dp")
 BEAM = ["--runner", "FnApiRunner"]

@@ -6,7 +6,6 @@ probability ALPHA (see the derivation next to each check).
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from scipy import stats
 
 from beam_dp import accounting, losses, mechanisms

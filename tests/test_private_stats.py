@@ -12,7 +12,6 @@ Beam runs pin ``--runner FnApiRunner`` (Beam's in-process runner).
 from __future__ import annotations
 
 import math
-import os
 import pickle
 
 import numpy as np

@@ -237,7 +237,6 @@ def test_histogram_counts_the_residuals_at_most_each_threshold():
     step = _step()
     thresholds = 0.05 * 2.0 ** np.arange(7)
     theta = _theta(1, 3)
-    state = TrainState(theta, np.zeros_like(theta), 2)
     random_rows = _random_block(2, 400, 3, tag=2 * 2 + dp_ambssgd.STAT)
     # Rows whose residual is exactly +-threshold (zero features: residual = b - y, with b = 0
     # for these rows' own theta below) test the "<=" at every boundary; 5.0 overflows.
