@@ -320,9 +320,12 @@ def _train(args, beam_args: list[str]) -> int:
                 args.algorithm, "Poisson" if result.sampling_probability < 1 else "full batch"),
             steps=result.steps,
             clip_norm=result.clip_norm,
-            expected_batch_size=result.sampling_probability * result.dataset_size["value"],
+            expected_batch_size=result.preprocessing.get(
+                "batch_size", result.sampling_probability * result.dataset_size["value"]),
             dataset_size=result.dataset_size,
-            preprocessing=result.preprocessing,
+            # dpsgd-f: the private preprocessing releases; dp-ambssgd / ssp: their public plan
+            # and released ridge.
+            **{"preprocessing" if f_config is not None else "algorithm_parameters": result.preprocessing},
             hyperparameters="public inputs; not privately tuned")
         report.write_json(out, "privacy_report.json", privacy)
         if validation_files:
