@@ -42,7 +42,6 @@ from beam_dp.local import LocalAggregator
 
 BLOCK_ROWS = 65536
 DELTA = 1e-5
-AMBSSGD_LR = [1.0]  # set from --ambssgd-lr in main()
 
 
 def log(msg: str) -> None:
@@ -122,16 +121,16 @@ def dpsgd_noise_multiplier(q: float, steps: int, epsilon: float) -> float:
     return _SIGMA_CACHE[key]
 
 
-def run_ambssgd(agg, n, d, eps, seed):
-    cfg = noisy_gd.NoisyGDConfig(epsilon=eps, delta=DELTA, learning_rate=AMBSSGD_LR[0], num_examples=n)
+def run_ambssgd(agg, n, d, eps, seed, lr):
+    cfg = noisy_gd.NoisyGDConfig(epsilon=eps, delta=DELTA, learning_rate=lr, num_examples=n)
     return dp_ambssgd.train(cfg, dp_ambssgd.AmbssgdConfig(), losses.SquaredLoss(), d, agg, seed,
                             accounting.Ledger())
 
 
-def run_ambssgd_nonprivate(agg, n, d, seed):
+def run_ambssgd_nonprivate(agg, n, d, seed, lr):
     """The same one-pass algorithm (T, eta, tail average, clipping rule) with a negligible noise
     multiplier: its optimization and sampling error, the floor under the private runs."""
-    cfg = noisy_gd.NoisyGDConfig(noise_multiplier=1e-9, delta=DELTA, learning_rate=AMBSSGD_LR[0],
+    cfg = noisy_gd.NoisyGDConfig(noise_multiplier=1e-9, delta=DELTA, learning_rate=lr,
                                  num_examples=n, accountant="rdp")
     return dp_ambssgd.train(cfg, dp_ambssgd.AmbssgdConfig(), losses.SquaredLoss(), d, agg, seed,
                             accounting.Ledger("rdp"))
@@ -201,7 +200,7 @@ def table_a(args) -> None:
                     base["OLS"] = excess(ols(x, y), w_star)
                     base["SGD-np"] = excess(run_dpsgd(agg, n, d, None, 7919 * seed + 1, args,
                                                       private=False).theta, w_star)
-                    base["AMB-np"] = excess(run_ambssgd_nonprivate(agg, n, d, 7919 * seed + 1).theta,
+                    base["AMB-np"] = excess(run_ambssgd_nonprivate(agg, n, d, 7919 * seed + 1, args.ambssgd_lr).theta,
                                             w_star)
                     for eps in epss:
                         cell = results.setdefault(
@@ -210,7 +209,7 @@ def table_a(args) -> None:
                             cell[k].append(v)
                         alg_seed = 7919 * seed + 1
                         t = time.time()
-                        r = run_ambssgd(agg, n, d, eps, alg_seed)
+                        r = run_ambssgd(agg, n, d, eps, alg_seed, args.ambssgd_lr)
                         cell["DP-AMBSSGD"].append(excess(r.theta, w_star))
                         pre = r.preprocessing
                         levels = pre["residual_levels"]
@@ -251,12 +250,12 @@ def table_a(args) -> None:
           "The trivial estimate w = 0 has excess 0.5. OLS: least squares with an intercept "
           "column on the same data (expected s^2 d / (2 (n - d - 1)) + intercept). DP-AMBSSGD: "
           f"`AmbssgdConfig()` defaults (T = {amb.blocks} blocks, s/(b+s) = {amb.stat_fraction:.3g}, "
-          f"R_x = sqrt(d), B = {amb.residual_bound:g}, Delta = B/n), learning rate {AMBSSGD_LR[0]:g}. SSP: "
+          f"R_x = sqrt(d), B = {amb.residual_bound:g}, Delta = B/n), learning rate {args.ambssgd_lr:g}. SSP: "
           f"`SspConfig()` defaults (C_x = 2 sqrt(d), C_y = {sspc.label_bound:g}, AdaSSP ridge). "
           f"{sgd}. Last two columns (not private, references that do not depend on eps): the "
           "same DP-AMBSSGD code and block assignment, and the same DP-SGD code, sampling and "
           "clipping, with noise multiplier 1e-9, i.e. their optimization and sampling error "
-          f"alone (DP-AMBSSGD: T = 12 one-pass steps, eta = {AMBSSGD_LR[0]:g}, tail average of the last 6 "
+          f"alone (DP-AMBSSGD: T = 12 one-pass steps, eta = {args.ambssgd_lr:g}, tail average of the last 6 "
           "iterates). A private column minus its no-noise column is the cost of privacy; SSP's "
           "no-noise counterpart is essentially OLS.\n")
     print("| d | n | eps | noise s | OLS | DP-AMBSSGD | SSP | DP-SGD | AMBSSGD, no noise | "
@@ -427,7 +426,6 @@ def table_b(args) -> None:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    AMBSSGD_LR[0] = args.ambssgd_lr
     logging.getLogger("absl").setLevel(logging.ERROR)
     try:
         from absl import logging as absl_logging
