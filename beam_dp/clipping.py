@@ -1,9 +1,31 @@
-"""Per-example gradient clipping for GLMs without per-example loops.
+"""Per-example gradient clipping for GLMs without per-example loops, overflow-safe.
 
 For a GLM the per-example gradient with respect to theta (k x (d+1)) is the outer product
-``l'(s_i) (x_i, 1)``, so its Frobenius norm is ``||l'(s_i)||_2 * sqrt(||x_i||^2 + 1)``. Clipping
-to C is therefore a per-row scale ``min(1, C / norm_i)`` applied to the loss derivative, and the
-sum of clipped gradients is one matrix product ``(scale * l')^T [X, 1]``.
+``l'(s_i) (x_i, 1)``, so its Frobenius norm is ``||l'(s_i)||_2 * ||(x_i, 1)||_2``. Clipping to C
+is therefore a per-row scale ``min(1, C / norm_i)`` applied to the loss derivative, and the sum of
+clipped gradients is one matrix product ``(scale * l')^T [X, 1]``.
+
+Floating point. A finite input can have a squared norm (or a norm) beyond the float range: a
+feature of 1e200 squares to inf, and 0 * inf = NaN would then turn the whole sum, and the model,
+into NaN whenever that one row is present. So every row whose squared norm is outside
+[2^-900, 2^900], or whose gradient norm is not comfortably representable, takes a second,
+exact-scaling path: the row is written as ``u * 2^e`` (a power of two, so the scaling is exact),
+norms are computed from ``u``, and a clipped row's contribution is assembled as
+``C * (l' / ||l'||) (outer) (u, 2^-e) / ||(u, 2^-e)||`` so that no factor below the float range
+ever multiplies a value above it. Every row's contribution then has norm at most C (up to a few
+ulps of rounding), whatever its values:
+
+* a row whose norm is finite gets exactly its clipped gradient;
+* a row whose norm is not representable (e.g. 1e308 in several columns) gets the clipped gradient
+  in the limit, norm C in the direction of its scaled row: still a function of that row alone,
+  bounded by C, so the sensitivity of the sum is unchanged;
+* a loss derivative of +-inf (a squared loss at an overflowing score) counts as a clipped
+  gradient in the direction of its sign; a NaN derivative, or a NaN feature (never from validated
+  input), contributes nothing.
+
+Over- and underflow are expected and handled inside these functions, so they run under
+``np.errstate`` and print nothing: a warning that appears only when some row is extreme would
+itself reveal that row.
 """
 from __future__ import annotations
 
@@ -11,16 +33,209 @@ import numpy as np
 
 from beam_dp import losses as losses_mod
 
+# Rows whose squared norm lies in [_SQ_LOW, _SQ_HIGH] take the plain path: their squares neither
+# overflow nor lose their small entries to underflow (an entry below 2^-511 squares to at most
+# 2^-1022, i.e. less than d * 2^-122 of such a row's squared norm).
+_SQ_LOW, _SQ_HIGH = 2.0 ** -900, 2.0 ** 900
+# A clip factor C / norm stays a normal float (full precision) while norm <= C * _FACTOR_RANGE.
+_FACTOR_RANGE = 2.0 ** 1000
+
+
+def _quiet():
+    """Overflow, underflow and invalid operations are expected below and handled explicitly."""
+    return np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore")
+
+
+def _split(v: np.ndarray, extra: float | np.ndarray = 0.0):
+    """Rows of ``v`` (m, j), each with one more entry ``extra``, written exactly as
+    ``(u, u_extra) * 2^e`` with max(|u|, |u_extra|) in [0.5, 1).
+
+    Returns (u, u_extra, e, nu) with nu = ||(u, u_extra)||_2, so the row norm is nu * 2^e (which
+    may exceed the float range: ``np.ldexp`` then gives inf). Rows holding an infinity are
+    represented by their direction (the signs of the infinite entries) with e = a huge exponent;
+    rows holding a NaN become zero (nu = 0) so that they contribute nothing.
+    """
+    v = np.asarray(v, dtype=np.float64)
+    extra = np.broadcast_to(np.asarray(extra, dtype=np.float64), v.shape[:1])
+    with _quiet():
+        biggest = np.maximum(np.max(np.abs(v), axis=1, initial=0.0), np.abs(extra))
+        infinite = np.isinf(biggest)
+        bad = np.isnan(biggest)
+        e = np.frexp(np.where(infinite | bad, 1.0, biggest))[1].astype(np.int64)
+        u = np.ldexp(v, -e[:, None])
+        u_extra = np.ldexp(extra, -e)
+        if infinite.any():
+            u[infinite] = np.where(np.isinf(v[infinite]), np.sign(v[infinite]), 0.0)
+            u_extra = np.where(infinite, np.where(np.isinf(extra), np.sign(extra), 0.0), u_extra)
+            e = np.where(infinite, 4096, e)   # 2^4096 is inf: the norm is not representable
+        if bad.any():
+            u[bad] = 0.0
+            u_extra = np.where(bad, 0.0, u_extra)
+            e = np.where(bad, 0, e)
+        nu = np.sqrt(np.einsum("ij,ij->i", u, u) + u_extra * u_extra)
+    return u, u_extra, e, nu
+
+
+def row_norms(v: np.ndarray, sq_norms: np.ndarray | None = None) -> np.ndarray:
+    """The L2 norm of each row of ``v`` (m, j), finite whenever it is representable (squares may
+    overflow where the norm does not: a row of 1e200 has norm 1e200). ``sq_norms``, if given, are
+    the rows' squared norms as computed plainly (e.g. ``Block.sq_norms``, inf where they
+    overflowed); they are used where they are accurate. NaN rows give NaN, rows with an infinity
+    inf."""
+    v = np.asarray(v, dtype=np.float64)
+    with _quiet():
+        sq = np.einsum("ij,ij->i", v, v) if sq_norms is None else np.asarray(sq_norms, np.float64)
+        out = np.sqrt(sq)
+        redo = ~((sq >= _SQ_LOW) & (sq <= _SQ_HIGH))
+        if redo.any():
+            _, _, e, nu = _split(v[redo])
+            norms = np.ldexp(nu, e)
+            norms[np.isnan(np.max(v[redo], axis=1, initial=0.0))] = np.nan
+            out[redo] = norms
+    return out
+
+
+def scale_rows(v: np.ndarray, target: float, only_shrink: bool,
+               sq_norms: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Each row of ``v`` scaled to norm ``target`` (zero rows stay zero), or with ``only_shrink``
+    the rows outside the ball of radius ``target`` projected onto it. Returns the new rows and
+    their squared norms.
+
+    The result has norm at most ``target`` (``only_shrink``) or equal to it, up to rounding, for
+    every finite row, including rows whose norm is not representable. Rows holding a NaN (never
+    from validated input) become zero; a row holding an infinity is scaled in the direction of
+    its infinite entries.
+    """
+    v = np.asarray(v, dtype=np.float64)
+    target = float(target)
+    with _quiet():
+        sq = np.einsum("ij,ij->i", v, v) if sq_norms is None else np.asarray(sq_norms, np.float64)
+        norms = np.sqrt(sq)
+        # Plain path: accurate squares and a scale that is a normal float.
+        plain = (sq >= _SQ_LOW) & (sq <= _SQ_HIGH) & (norms <= target * _FACTOR_RANGE) & (
+            norms >= target / _FACTOR_RANGE)
+        scale = np.where(plain, target / np.where(plain, norms, 1.0), 1.0)
+        if only_shrink:
+            scale = np.minimum(1.0, scale)
+        out = v * scale[:, None]
+        out_sq = sq * scale ** 2
+        redo = np.flatnonzero(~plain)
+        if redo.size:
+            u, _, e, nu = _split(v[redo])
+            if only_shrink:
+                # Inside the ball (norm nu * 2^e <= target): unchanged; NaN rows become zero.
+                keep = (np.ldexp(nu, e) <= target) & ~np.isnan(v[redo]).any(axis=1)
+            else:
+                keep = nu == 0
+            safe_nu = np.where(nu > 0, nu, 1.0)
+            rows = np.where(keep[:, None], np.where(np.isnan(v[redo]), 0.0, v[redo]),
+                            u * (target / safe_nu)[:, None])
+            rows[nu == 0] = 0.0
+            out[redo] = rows
+            out_sq[redo] = np.einsum("ij,ij->i", rows, rows)
+    return out, out_sq
+
+
+def saturating_difference(a: np.ndarray, b) -> np.ndarray:
+    """``a - b``, with differences beyond the float range (finite inputs of opposite signs near
+    1e308) saturated at +-float max rather than inf: the rows they occur in are clipped or
+    normalized afterwards, so only their direction matters, and it stays finite."""
+    big = np.finfo(np.float64).max
+    with _quiet():
+        return np.clip(np.asarray(a, np.float64) - b, -big, big)
+
 
 def gradient_norms(derivative: np.ndarray, sq_norms: np.ndarray, fit_intercept: bool) -> np.ndarray:
-    """Per-example gradient norms from the loss derivative (m, k) and squared feature norms (m,)."""
-    return np.sqrt(np.einsum("ij,ij->i", derivative, derivative) * (sq_norms + float(fit_intercept)))
+    """Per-example gradient norms ``||l'|| * sqrt(||x||^2 + 1)`` from the loss derivative (m, k)
+    and squared feature norms (m,): +inf where the norm (or the squared norm given) is not
+    representable, 0 where the derivative is 0, never NaN. (``clipped_gradient_sum`` recomputes
+    the norms of rows whose squares overflowed from the features themselves.)"""
+    a = row_norms(derivative)
+    with _quiet():
+        b = np.sqrt(np.asarray(sq_norms, np.float64) + float(fit_intercept))
+        out = a * b
+    out[(a == 0) | (b == 0)] = 0.0
+    out[np.isnan(out)] = np.inf
+    return out
 
 
 def clip_factors(norms: np.ndarray, clip_norm: float) -> np.ndarray:
-    """min(1, C / norm), with 1 for zero-norm rows."""
-    with np.errstate(over="ignore"):  # a zero norm gives inf, i.e. a factor of 1
-        return np.minimum(1.0, clip_norm / np.maximum(norms, np.finfo(np.float64).tiny))
+    """min(1, C / norm), with 1 for zero-norm rows and 0 for rows whose norm is inf or NaN."""
+    with _quiet():  # a zero norm gives inf, i.e. a factor of 1
+        factors = np.minimum(1.0, clip_norm / np.maximum(norms, np.finfo(np.float64).tiny))
+    return np.where(np.isnan(factors), 0.0, factors)
+
+
+def clipped_outer_sums(derivative: np.ndarray, features: np.ndarray, sq_norms: np.ndarray | None,
+                       clip_norms, fit_intercept: bool = True) -> np.ndarray:
+    """For each clip norm C_l, the sum over rows of ``min(1, C_l / ||g_i||) g_i`` with
+    ``g_i = derivative_i (outer) (x_i, 1)`` (the 1 only with ``fit_intercept``).
+
+    ``derivative`` (m, k), ``features`` (m, d), ``sq_norms`` (m,) their plain squared norms (or
+    None), ``clip_norms`` (L,) positive. Returns (L, k, d + 1); the intercept column is zero
+    without ``fit_intercept``. Every row adds at most C_l in norm to sum l (see the module
+    docstring for rows at the edge of the float range).
+    """
+    derivative = np.asarray(derivative, dtype=np.float64)
+    features = np.asarray(features, dtype=np.float64)
+    clip_norms = np.atleast_1d(np.asarray(clip_norms, dtype=np.float64))
+    m, d = features.shape
+    k = derivative.shape[1]
+    out = np.zeros((len(clip_norms), k, d + 1))
+    if m == 0:
+        return out
+    fit = float(fit_intercept)
+    with _quiet():
+        sq = np.einsum("ij,ij->i", features, features) if sq_norms is None else np.asarray(sq_norms, np.float64)
+        a = row_norms(derivative)
+        norms = a * np.sqrt(sq + fit)
+        # Plain rows: accurate squares, a finite derivative, and clip factors C / norm that are
+        # normal floats (>= 2^-1000), so factor * l' * x is computed to full precision. With an
+        # intercept a tiny x is harmless (||(x, 1)|| >= 1), without one its norm must be accurate.
+        sq_ok = (sq <= _SQ_HIGH) & ((sq >= _SQ_LOW) | fit_intercept)
+        plain = sq_ok & (norms <= clip_norms.min() * _FACTOR_RANGE)
+        if plain.all():
+            rows, special = slice(None), None
+        else:
+            rows, special = np.flatnonzero(plain), np.flatnonzero(~plain)
+        deriv, x, n = derivative[rows], features[rows], norms[rows]
+        factors = np.minimum(1.0, clip_norms[:, None] / np.maximum(n, np.finfo(np.float64).tiny)[None, :])
+        weighted = factors[:, :, None] * deriv[None, :, :]                    # (L, m, k)
+        out[:, :, :-1] = np.matmul(weighted.transpose(0, 2, 1), x)        # (L, k, d), BLAS
+        if fit_intercept:
+            out[:, :, -1] = weighted.sum(axis=1)
+        if special is not None and special.size:
+            out += _special_rows(derivative[special], features[special], clip_norms, fit)
+    return out
+
+
+def _special_rows(derivative: np.ndarray, features: np.ndarray, clip_norms: np.ndarray,
+                  fit: float) -> np.ndarray:
+    """``clipped_outer_sums`` for rows outside the plain path, from exactly scaled rows:
+    contribution = min(C, ||l'|| ||x~||) (l' / ||l'||) (outer) x~ / ||x~||, x~ = (x, fit) =
+    (u, u_extra) 2^e, with ||x~|| = nu 2^e possibly not representable (then the minimum is C)."""
+    u, u_extra, e, nu = _split(features, fit)
+    direction, a = _unit_rows(derivative)
+    b = np.ldexp(nu, e)
+    ab = a * b
+    ab[(a == 0) | (b == 0)] = 0.0          # a zero derivative or a zero row: no gradient
+    r = np.minimum(clip_norms[:, None], ab[None, :])                           # (L, m)
+    weighted = (r / np.where(nu > 0, nu, 1.0))[:, :, None] * direction[None, :, :]
+    out = np.zeros((len(clip_norms), derivative.shape[1], features.shape[1] + 1))
+    out[:, :, :-1] = np.matmul(weighted.transpose(0, 2, 1), u)
+    if fit:
+        out[:, :, -1] = np.matmul(weighted.transpose(0, 2, 1), u_extra)
+    return out
+
+
+def _unit_rows(v: np.ndarray):
+    """(v / ||v||, ||v||) per row, computed without overflow: rows with an infinity point along
+    its signs (norm inf), zero and NaN rows give a zero direction and norm 0."""
+    u, _, e, nu = _split(v)
+    norms = np.ldexp(nu, e)
+    direction = u / np.where(nu > 0, nu, 1.0)[:, None]
+    norms[nu == 0] = 0.0
+    return direction, norms
 
 
 def clipped_gradient_sum(theta: np.ndarray, features: np.ndarray, sq_norms: np.ndarray,
@@ -29,15 +244,12 @@ def clipped_gradient_sum(theta: np.ndarray, features: np.ndarray, sq_norms: np.n
     """Sum over the rows of the per-example gradients, each clipped to L2 norm ``clip_norm``.
 
     Returns an array shaped like theta (k, d + 1); the intercept column is zero when
-    ``fit_intercept`` is off.
+    ``fit_intercept`` is off. Finite for any finite theta and finite rows; each row adds at most
+    ``clip_norm`` in norm (the module docstring says how rows at the edge of the float range are
+    handled).
     """
-    out = np.zeros_like(theta)
     if features.shape[0] == 0:
-        return out
-    derivative = loss.derivative(losses_mod.scores(theta, features), labels)
-    scale = clip_factors(gradient_norms(derivative, sq_norms, fit_intercept), clip_norm)
-    weighted = derivative * scale[:, None]
-    out[:, :-1] = weighted.T @ features
-    if fit_intercept:
-        out[:, -1] = weighted.sum(axis=0)
-    return out
+        return np.zeros_like(theta)
+    with _quiet():
+        derivative = loss.derivative(losses_mod.scores(theta, features), labels)
+    return clipped_outer_sums(derivative, features, sq_norms, [clip_norm], fit_intercept)[0]

@@ -13,7 +13,8 @@ from scipy.special import expit, log_expit, logsumexp, softmax
 
 
 class LabelError(ValueError):
-    """A label that the model cannot use; ``row`` is the index in the block."""
+    """A label that the model cannot use; ``row`` is the index in the block. The message says
+    what was expected and never quotes the label."""
 
     def __init__(self, message: str, row: int):
         super().__init__(message)
@@ -49,7 +50,8 @@ class GlmLoss:
 def _check_finite_labels(labels: np.ndarray) -> None:
     bad = np.flatnonzero(~np.isfinite(labels))
     if bad.size:
-        raise LabelError(f"label is missing or not finite ({float(labels[bad[0]])!r})", int(bad[0]))
+        # Errors never quote the value: messages reach logs and terminals outside the trust boundary.
+        raise LabelError("label is missing or not finite", int(bad[0]))
 
 
 class _SignedBinaryLoss(GlmLoss):
@@ -63,9 +65,8 @@ class _SignedBinaryLoss(GlmLoss):
         _check_finite_labels(labels)
         bad = np.flatnonzero((labels != 0) & (labels != 1) & (labels != -1))
         if bad.size:
-            raise LabelError(
-                f"label {float(labels[bad[0]])!r} does not fit model '{self.name}' (expected 0/1 or -1/+1)",
-                int(bad[0]))
+            raise LabelError(f"label does not fit model '{self.name}' (expected 0/1 or -1/+1)",
+                             int(bad[0]))
         return np.where(labels > 0, 1.0, -1.0)
 
     def predict(self, scores):
@@ -107,10 +108,14 @@ class SquaredLoss(GlmLoss):
         return labels
 
     def value(self, scores, y):
-        return 0.5 * (scores[:, 0] - y) ** 2
+        with _extremes_ok():  # a residual beyond ~1e154 squares to inf: the loss is inf
+            return 0.5 * (scores[:, 0] - y) ** 2
 
     def derivative(self, scores, y):
-        return (scores[:, 0] - y)[:, None]
+        # An infinite score (or s - y beyond the float range) gives +-inf: the clipping treats it
+        # as a clipped gradient along its sign (beam_dp.clipping).
+        with _extremes_ok():
+            return (scores[:, 0] - y)[:, None]
 
     def predict(self, scores):
         return scores[:, 0]
@@ -128,11 +133,13 @@ class HuberLoss(SquaredLoss):
         self.score_lipschitz = self.delta
 
     def value(self, scores, y):
-        r = np.abs(scores[:, 0] - y)
-        return np.where(r <= self.delta, 0.5 * r**2, self.delta * (r - 0.5 * self.delta))
+        with _extremes_ok():
+            r = np.abs(scores[:, 0] - y)
+            return np.where(r <= self.delta, 0.5 * r**2, self.delta * (r - 0.5 * self.delta))
 
     def derivative(self, scores, y):
-        return np.clip(scores[:, 0] - y, -self.delta, self.delta)[:, None]
+        with _extremes_ok():
+            return np.clip(scores[:, 0] - y, -self.delta, self.delta)[:, None]
 
 
 class SoftmaxLoss(GlmLoss):
@@ -157,20 +164,53 @@ class SoftmaxLoss(GlmLoss):
         bad = np.flatnonzero((labels != np.round(labels)) | (labels < 0) | (labels >= self.num_classes))
         if bad.size:
             raise LabelError(
-                f"label {float(labels[bad[0]])!r} does not fit model 'softmax' "
-                f"(expected an integer class in 0..{self.num_classes - 1})", int(bad[0]))
+                f"label does not fit model 'softmax' (expected an integer class in "
+                f"0..{self.num_classes - 1})", int(bad[0]))
         return labels.astype(np.int64)
 
     def value(self, scores, y):
-        return logsumexp(scores, axis=1) - scores[np.arange(len(y)), y]
+        finite = np.isfinite(scores).all(axis=1)
+        if finite.all():
+            with _extremes_ok():  # exp of very negative scores underflows to 0, as it should
+                return logsumexp(scores, axis=1) - scores[np.arange(len(y)), y]
+        # Infinite scores (a huge feature value): logsumexp - s_y can be inf - inf. The loss is
+        # -log p_y with p the softmax's limit (``_softmax``).
+        out = np.empty(len(y))
+        out[finite] = self.value(scores[finite], y[finite])
+        with _extremes_ok():
+            out[~finite] = -np.log(_softmax(scores[~finite])[np.arange(int((~finite).sum())), y[~finite]])
+        return out
 
     def derivative(self, scores, y):
-        p = softmax(scores, axis=1)
+        p = _softmax(scores)
         p[np.arange(len(y)), y] -= 1.0
         return p
 
     def predict(self, scores):
         return np.argmax(scores, axis=1)
+
+
+def _extremes_ok():
+    """Over/underflow and inf - inf are expected where a finite but huge value meets a loss, and
+    handled by the clipping; a warning printed only when such a row exists would reveal it."""
+    return np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore")
+
+
+def _softmax(scores: np.ndarray) -> np.ndarray:
+    """Row-wise softmax, also for rows whose largest score is +inf or -inf (a huge feature value;
+    scipy's softmax gives NaN there, inf - inf): uniform over the entries equal to that largest
+    score, the limit when it is a single +inf entry, and in any case a probability vector, so the
+    derivative stays bounded by sqrt(2)."""
+    biggest = np.max(scores, axis=1, keepdims=True)
+    rows = np.isinf(biggest[:, 0])
+    with _extremes_ok():  # exp of very negative scores underflows to 0, as it should
+        if not rows.any():
+            return softmax(scores, axis=1)
+        p = np.empty(scores.shape)
+        p[~rows] = softmax(scores[~rows], axis=1)
+    top = scores[rows] == biggest[rows]
+    p[rows] = top / top.sum(axis=1, keepdims=True)
+    return p
 
 
 MODEL_NAMES = ("logistic", "softmax", "linear", "huber", "hinge")
@@ -193,5 +233,21 @@ def make_loss(model: str, num_classes: int | None = None, huber_delta: float = 1
 
 
 def scores(theta: np.ndarray, features: np.ndarray) -> np.ndarray:
-    """(m, k) scores of a (k, d + 1) parameter matrix whose last column is the intercept."""
-    return features @ theta[:, :-1].T + theta[:, -1]
+    """(m, k) scores of a (k, d + 1) parameter matrix whose last column is the intercept.
+
+    Never NaN for finite theta and features, and silent: where the product overflows (a feature
+    near 1e300, say) the score is +-inf with the right sign, not the inf - inf = NaN that a plain
+    product can give when two huge terms have opposite signs.
+    """
+    with _extremes_ok():
+        out = features @ theta[:, :-1].T + theta[:, -1]
+        bad = ~np.isfinite(out).all(axis=1)
+        if bad.any():
+            # Rescore those rows from x = u * 2^e (exact, |u| <= 1): u . w is finite, and
+            # 2^e (u . w) overflows to a signed infinity, never to NaN.
+            x = features[bad]
+            biggest = np.max(np.abs(x), axis=1, initial=0.0)
+            e = np.frexp(np.where(np.isfinite(biggest), biggest, 1.0))[1]
+            u = np.ldexp(x, -e[:, None])
+            out[bad] = np.ldexp(u @ theta[:, :-1].T, e[:, None]) + theta[:, -1]
+    return out

@@ -205,10 +205,10 @@ def test_binary_label_validation(model, labels, bad_row):
     with pytest.raises(losses.LabelError) as info:
         losses.make_loss(model).encode_labels(np.array(labels, dtype=float))
     assert info.value.row == bad_row
-    # The message shows the value as the user wrote it, not a numpy repr.
-    assert f"label {float(labels[bad_row])!r} does not fit" in str(info.value) or \
-        f"({float(labels[bad_row])!r})" in str(info.value)
-    assert "np." not in str(info.value)
+    # The message says what was expected, never the value (it may be sensitive).
+    message = str(info.value)
+    assert "does not fit" in message or "not finite" in message
+    assert repr(float(labels[bad_row])) not in message and "np." not in message
 
 
 @pytest.mark.parametrize("labels,bad_row", [
