@@ -6,6 +6,7 @@ that bad input is reported by file and row.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import glob
 import hashlib
@@ -14,6 +15,7 @@ from typing import BinaryIO, Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
@@ -40,7 +42,13 @@ class DataError(Exception):
 
 @dataclasses.dataclass
 class Block:
-    """A batch of m examples: features (m, d) float64, encoded labels (m,), squared feature norms."""
+    """A batch of m examples: features (m, d) float64, encoded labels (m,), squared feature norms.
+
+    ``sq_norms`` are computed plainly, so they are +inf for a row whose squared norm overflows
+    (any entry beyond ~1e154) even though its norm is finite: use ``clipping.row_norms(features,
+    sq_norms)`` for norms. The kernels that consume them (``beam_dp.clipping``) recompute such
+    rows exactly.
+    """
 
     features: np.ndarray
     labels: np.ndarray
@@ -51,7 +59,9 @@ class Block:
 
     def __post_init__(self):
         if self.sq_norms is None:
-            self.sq_norms = np.einsum("ij,ij->i", self.features, self.features)
+            # Overflow to inf is expected (and handled downstream) for huge rows; say nothing.
+            with np.errstate(over="ignore", under="ignore"):
+                self.sq_norms = np.einsum("ij,ij->i", self.features, self.features)
 
     def __len__(self) -> int:
         return int(self.features.shape[0])
@@ -79,6 +89,8 @@ def file_format(path: str) -> str:
 def list_files(pattern: str) -> list[str]:
     """The files matching a glob (or a comma-separated list of globs), sorted, as absolute paths."""
     files: list[str] = []
+    if not pattern.strip(","):
+        raise DataError("no input files given")
     for part in [p for p in pattern.split(",") if p]:
         if "://" in part:
             # Remote file systems (gs://, s3://, hdfs://) are listed through Beam's FileSystems.
@@ -103,22 +115,56 @@ def _numeric(t: pa.DataType) -> bool:
 
 
 def read_schema(path: str, opener: Callable[[str], BinaryIO] = open_local) -> pa.Schema:
+    """A Parquet file's declared schema; for CSV, the header's names, every column float64.
+
+    CSV columns are numbers by declaration: nothing is inferred from the cells, since a type
+    inferred from them would let one row change the feature set (and the released model).
+    """
+    failure = None
     try:
         with opener(path) as f:
             if file_format(path) == "parquet":
                 return pq.ParquetFile(f).schema_arrow
-            return pa_csv.open_csv(f).schema
+            return pa.schema([(name, pa.float64()) for name in _csv_header(path, f)])
     except DataError:
         raise
     except (OSError, pa.ArrowException) as e:
-        raise DataError(f"{path}: cannot read ({_one_line(e)})") from None
+        failure = f"{path}: cannot read ({_reason(path, e)})"
+    # Raised outside the handler so that no exception chained to it carries pyarrow's text.
+    raise DataError(failure)
+
+
+def _skip_row(row) -> str:
+    return "skip"
+
+
+def _csv_header(path: str, f: BinaryIO) -> list[str]:
+    """The column names in a CSV file's header line."""
+    # Only the names are taken. Opening the reader makes pyarrow infer types from the first block;
+    # they are ignored. Rows with a wrong number of fields are skipped here and reported, by row,
+    # when the file is read.
+    names = None
+    try:
+        reader = pa_csv.open_csv(f, read_options=pa_csv.ReadOptions(use_threads=False),
+                                 parse_options=pa_csv.ParseOptions(invalid_row_handler=_skip_row))
+        names = reader.schema.names
+    except pa.ArrowInvalid:
+        pass   # pyarrow's message may quote the file's text
+    if names is None:
+        raise DataError(f"{path}: cannot read a CSV header line (the file is empty or not CSV)")
+    repeated = sorted(name for name, count in collections.Counter(names).items() if count > 1)
+    if repeated:
+        raise DataError(f"{path}: the CSV header has more than one column named "
+                        f"{', '.join(repr(n) for n in repeated)}")
+    return names
 
 
 def resolve_feature_columns(path: str, label_column: str, feature_columns: Sequence[str] | None,
                             opener: Callable[[str], BinaryIO] = open_local,
                             require_label: bool = True) -> list[str]:
-    """Checks the label and features against the first file's schema; the default features are
-    every numeric column but the label."""
+    """Checks the label and features against the first file's schema. The default features are
+    every column but the label: for CSV every column of the header, for Parquet every column
+    whose declared type is numeric. Never a function of the values."""
     schema = read_schema(path, opener)
     names = set(schema.names)
     if require_label and label_column not in names:
@@ -136,9 +182,8 @@ def resolve_feature_columns(path: str, label_column: str, feature_columns: Seque
             raise DataError(f"{path}: no numeric feature columns besides the label '{label_column}'")
     for name in columns + ([label_column] if require_label else []):
         t = schema.field(name).type
-        # CSV types are inferred from the first block only; later rows are checked on conversion.
-        if not _numeric(t) and not (file_format(path) == "csv" and pa.types.is_null(t)):
-            raise DataError(f"{path}: column '{name}' is not numeric ({t})")
+        if not _numeric(t):   # only Parquet declares non-numeric types
+            raise DataError(f"{path}: column '{name}' is not numeric (its Parquet type is {t})")
     return columns
 
 
@@ -146,28 +191,141 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split())
 
 
+def _reason(path: str, e: BaseException) -> str:
+    """Why a file could not be read, for a message. pyarrow's CSV errors quote the offending
+    line or cell, so for CSV only file-system errors (OSError) are passed on; Parquet's errors
+    describe the file's structure."""
+    if isinstance(e, OSError) or file_format(path) == "parquet":
+        return _one_line(e)
+    return "not valid CSV"
+
+
+class _FirstInvalidRow:
+    """Given to pyarrow's CSV parser, which calls it for a row whose number of fields differs
+    from the header's: keeps the first such row's record number (the header is record 1, so it
+    is the 1-based data row plus one; pyarrow numbers rows only when parsing on one thread)."""
+
+    def __init__(self):
+        self.seen = False
+        self.number: int | None = None
+        self.expected = 0
+
+    def __call__(self, row) -> str:
+        if not self.seen:
+            self.seen, self.number, self.expected = True, row.number, row.expected_columns
+        return "error"
+
+
+def _csv_batches(path: str, f: BinaryIO, columns: list[str]) -> Iterator[pa.RecordBatch]:
+    """The columns of a CSV file as float64 (null for an empty or NA cell), in batches of about
+    16 MiB of text.
+
+    Every cell is read as text and then parsed as a number (``_parse_csv_batch``), so that what a
+    column is never depends on its cells, and a cell that is not a number is found by row.
+    """
+    invalid = _FirstInvalidRow()
+    rows_read = 0
+    reader = None
+    while True:
+        failed = False
+        try:
+            if reader is None:
+                reader = pa_csv.open_csv(
+                    f,
+                    read_options=pa_csv.ReadOptions(block_size=1 << 24, use_threads=False),
+                    parse_options=pa_csv.ParseOptions(invalid_row_handler=invalid),
+                    convert_options=pa_csv.ConvertOptions(
+                        include_columns=columns,
+                        column_types={c: pa.string() for c in columns},
+                        strings_can_be_null=True,
+                        # Bytes that are not UTF-8 fail the number parser, which reports the row.
+                        check_utf8=False))
+            batch = reader.read_next_batch()
+        except StopIteration:
+            return
+        except pa.ArrowInvalid:
+            failed = True   # pyarrow's message quotes the line: dropped, raised below unchained
+        if failed:
+            if reader is None and not invalid.seen:
+                raise DataError(f"{path}: cannot read a CSV header line (the file is empty or "
+                                "not CSV)")
+            if invalid.seen and invalid.number is not None:
+                raise DataError(f"{path}, row {invalid.number - 1}: wrong number of fields (the "
+                                f"header has {invalid.expected})")
+            raise DataError(f"{path}: not valid CSV after data row {rows_read}"
+                            + (f" (a row does not have the header's {invalid.expected} fields)"
+                               if invalid.seen else ""))
+        yield _parse_csv_batch(path, batch, rows_read)
+        rows_read += batch.num_rows
+
+
 def _record_batches(path: str, f: BinaryIO, columns: list[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
     if file_format(path) == "parquet":
         yield from pq.ParquetFile(f).iter_batches(batch_size=batch_rows, columns=columns)
     else:
-        reader = pa_csv.open_csv(
-            f,
-            read_options=pa_csv.ReadOptions(block_size=1 << 24),
-            convert_options=pa_csv.ConvertOptions(
-                include_columns=columns,
-                column_types={c: pa.float64() for c in columns}))
         # The CSV reader batches by bytes (block_size), not rows: cut to at most batch_rows.
-        for batch in reader:
+        for batch in _csv_batches(path, f, columns):
             for offset in range(0, batch.num_rows, batch_rows):
                 yield batch.slice(offset, batch_rows)
+
+
+def _parse_numbers(text: pa.Array) -> pa.Array:
+    """Text cells as float64; raises ArrowInvalid if one is not a number. The cast takes the
+    literals pyarrow's own CSV number parser takes (sign, decimals, exponent, inf)."""
+    try:
+        return pc.cast(text, pa.float64())
+    except pa.ArrowInvalid:
+        # Blanks around a number are allowed, as in pyarrow's CSV parser. Trimmed only when
+        # needed: the trim costs about a quarter of the cast.
+        return pc.cast(pc.ascii_trim_whitespace(text), pa.float64())
+
+
+def _first_non_number(text: pa.Array) -> int:
+    """Index of the first cell of ``text`` that ``_parse_numbers`` refuses, given one does: a
+    bisection whose probes are vectorized casts of halving slices (about one pass in all)."""
+    lo, hi = 0, len(text)   # the first refused cell is in [lo, hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        try:
+            _parse_numbers(text.slice(lo, mid - lo))
+            lo = mid
+        except pa.ArrowInvalid:
+            hi = mid
+    return lo
+
+
+def _parse_csv_batch(path: str, batch: pa.RecordBatch, row_start: int) -> pa.RecordBatch:
+    """A batch of CSV text columns parsed as float64, one vectorized cast per column. A cell that
+    is not a number stops the read, naming the earliest such row (and its column)."""
+    parsed, refused = [], []
+    for name, column in zip(batch.schema.names, batch.columns):
+        try:
+            parsed.append(_parse_numbers(column))
+        except pa.ArrowInvalid:
+            refused.append(name)   # pyarrow's message quotes the cell: it is dropped
+    if refused:
+        row, name = min(((_first_non_number(batch.column(name)), name) for name in refused),
+                        key=lambda found: found[0])   # the earliest row; on a tie, the first column
+        # Raised outside the handler so that no exception chained to it carries pyarrow's text.
+        raise DataError(f"{path}, row {row_start + row + 1}: column '{name}' is not a number")
+    return pa.RecordBatch.from_arrays(parsed, names=batch.schema.names)
 
 
 def _column_as_float(path: str, batch: pa.RecordBatch, name: str) -> np.ndarray:
     # Nulls become NaN, which the finiteness checks then report by row.
     column = batch.column(name)
     if not (_numeric(column.type) or pa.types.is_null(column.type)):
-        raise DataError(f"{path}: column '{name}' is not numeric ({column.type})")
-    return column.cast(pa.float64()).to_numpy(zero_copy_only=False)
+        raise DataError(f"{path}: column '{name}' is not numeric (its Parquet type is {column.type})")
+    # safe=False: a safe cast refuses integers beyond 2**53 with a message quoting the value;
+    # rounding them to float64 is what reading them as features means.
+    return column.cast(pa.float64(), safe=False).to_numpy(zero_copy_only=False)
+
+
+def _missing_columns(path: str, columns: list[str], opener: Callable[[str], BinaryIO]) -> str:
+    """The message for a file that lacks some of ``columns`` (which it names)."""
+    names = set(read_schema(path, opener).names)
+    missing = [c for c in columns if c not in names]
+    return f"{path}: column(s) not found: {', '.join(missing) if missing else 'some requested'}"
 
 
 def blocks_from_file(path: str, label_column: str | None, feature_columns: Sequence[str],
@@ -176,11 +334,13 @@ def blocks_from_file(path: str, label_column: str | None, feature_columns: Seque
     """Reads one file into validated Blocks of at most ``batch_rows`` rows.
 
     ``label_column`` None reads features only (for prediction); the labels are then zeros.
-    Raises DataError naming the file (and the 1-based data row, header excluded) on a missing
-    column, a non-numeric value, a missing or non-finite value, or a label the model cannot use.
+    Raises DataError naming the file (and the 1-based data row, header excluded, and the column)
+    on a missing column, a cell that is not a number, a CSV row with the wrong number of fields,
+    a missing or non-finite value, or a label the model cannot use. No message holds a value.
     """
     columns = list(feature_columns) + ([label_column] if label_column is not None else [])
     row_start = 0
+    failure = None
     try:
         with opener(path) as f:
             for batch in _record_batches(path, f, columns, batch_rows):
@@ -202,15 +362,19 @@ def blocks_from_file(path: str, label_column: str | None, feature_columns: Seque
                 try:
                     labels = loss.encode_labels(_column_as_float(path, batch, label_column))
                 except losses_mod.LabelError as e:
-                    raise DataError(f"{path}, row {row_start + e.row + 1}: {e}") from None
+                    raise DataError(f"{path}, row {row_start + e.row + 1}: column "
+                                    f"'{label_column}': {e}") from None
                 yield Block(features, labels, path, row_start)
                 row_start += m
+        return
     except DataError:
         raise
-    except KeyError as e:
-        raise DataError(f"{path}: column {e} not found") from None
+    except KeyError:   # a requested column is not in this file
+        failure = None
     except (OSError, pa.ArrowException) as e:
-        raise DataError(f"{path}: cannot read ({_one_line(e)})") from None
+        failure = f"{path}: cannot read ({_reason(path, e)})"
+    # Raised outside the handlers so that no exception chained to it carries pyarrow's text.
+    raise DataError(failure or _missing_columns(path, columns, opener))
 
 
 def load_blocks(files: Sequence[str], label_column: str, feature_columns: Sequence[str],
@@ -228,3 +392,39 @@ def write_table(path: str, columns: dict[str, np.ndarray]) -> None:
         pq.write_table(table, path)
     else:
         pa_csv.write_csv(table, path)
+
+
+# ----------------------------------------------------------------------- in-memory arrays (API)
+
+def as_feature_matrix(X) -> np.ndarray:
+    """A 2-D float64 matrix from an array-like (numpy array, list of rows, DataFrame). Columns
+    that are not numbers by their declared dtype are an error: nothing is guessed from values."""
+    array = np.asarray(X)
+    if array.ndim != 2:
+        raise ValueError(f"X must be 2-dimensional (rows x features), got {array.ndim} dimension(s)")
+    if array.dtype.kind not in "biuf":
+        raise ValueError("X must hold numbers (its dtype is not numeric); encode categorical "
+                         "columns first")
+    return np.ascontiguousarray(array, dtype=np.float64)
+
+
+def check_finite(x: np.ndarray, source: str, row_start: int = 0, names: Sequence[str] | None = None) -> None:
+    """DataError naming the first row (1-based) and column holding a NaN or an infinity."""
+    bad = np.flatnonzero(~np.isfinite(x).all(axis=1))
+    if bad.size:
+        j = int(np.flatnonzero(~np.isfinite(x[bad[0]]))[0])
+        column = names[j] if names is not None else f"x{j}"
+        raise DataError(f"{source}, row {row_start + int(bad[0]) + 1}: feature '{column}' is "
+                        "missing or not finite")
+
+
+def blocks_from_arrays(x: np.ndarray, labels: np.ndarray, loss: losses_mod.GlmLoss,
+                       batch_rows: int = DEFAULT_BATCH_ROWS, source: str = "arrays") -> list[Block]:
+    """Validated Blocks of at most ``batch_rows`` rows from in-memory features and raw labels."""
+    check_finite(x, source)
+    try:
+        encoded = loss.encode_labels(labels)
+    except losses_mod.LabelError as e:
+        raise DataError(f"{source}, row {e.row + 1}: column 'label': {e}") from None
+    return [Block(x[i:i + batch_rows], encoded[i:i + batch_rows], source, i)
+            for i in range(0, len(x), batch_rows)]

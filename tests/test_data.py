@@ -107,6 +107,22 @@ def test_default_features_are_numeric_columns_but_the_label(tmp_path):
     np.testing.assert_array_equal(block.features[:, 1], x[:, 0])
 
 
+def test_csv_cells_parsed_as_pyarrow_parses_numbers(tmp_path):
+    """CSV cells are read as text and parsed by us: blanks around a number, signs, exponents and
+    quotes are accepted as pyarrow's CSV number parser accepts them; empty and NA cells are
+    missing values, reported by row."""
+    path = str(tmp_path / "a.csv")
+    with open(path, "w") as f:
+        f.write('a,label\n 1.5 ,0\n+2,1\n"3e2",0\n\t-.5\t,1\n007,0\n')
+    (block,) = data.blocks_from_file(path, "label", ["a"], LINEAR)
+    np.testing.assert_array_equal(block.features[:, 0], [1.5, 2.0, 300.0, -0.5, 7.0])
+    for missing in ["", "NA", "NaN", "null"]:
+        with open(path, "w") as f:
+            f.write(f"a,label\n1,0\n{missing},1\n")
+        message = _error(data.blocks_from_file, path, "label", ["a"], LINEAR)
+        assert message == f"{path}, row 2: feature 'a' is missing or not finite"
+
+
 def test_features_only_for_prediction(tmp_path):
     x, _ = _source(n=30, d=3)
     path = _write(tmp_path / "p.parquet", {f"f{j}": x[:, j] for j in range(3)})
@@ -169,17 +185,29 @@ def test_missing_feature_column(tmp_path, ext):
     assert path in message and "nope" in message
 
 
-@pytest.mark.parametrize("ext", ["parquet", "csv"])
-def test_non_numeric_feature_requested(tmp_path, ext):
+def test_non_numeric_parquet_column_requested(tmp_path):
+    """A Parquet column declared as text is not a default feature; listing it is an error naming
+    the column and its declared type (and never a value)."""
     cols = _good_columns()
-    cols["city"] = ["x"] * 10
-    path = _write(tmp_path / f"a.{ext}", cols)
+    cols["city"] = ["Xanadu"] * 10
+    path = _write(tmp_path / "a.parquet", cols)
     assert data.resolve_feature_columns(path, "label", None) == ["f0", "f1"]
     message = _error(data.resolve_feature_columns, path, "label", ["f0", "city"])
     assert path in message and "'city'" in message and "not numeric" in message
-    if ext == "parquet":
-        message = _error(data.blocks_from_file, path, "label", ["f0", "city"], LOGISTIC)
-        assert path in message and "'city'" in message
+    assert "string" in message and "Xanadu" not in message
+    message = _error(data.blocks_from_file, path, "label", ["f0", "city"], LOGISTIC)
+    assert path in message and "'city'" in message and "Xanadu" not in message
+
+
+def test_text_csv_column_is_a_feature_and_stops_the_read(tmp_path):
+    """CSV columns are numbers by declaration: a column of text is still a default feature (the
+    feature set comes from the header), and reading it stops at its first cell."""
+    cols = _good_columns()
+    cols["city"] = ["Xanadu"] * 10
+    path = _write(tmp_path / "a.csv", cols)
+    assert data.resolve_feature_columns(path, "label", None) == ["f0", "f1", "city"]
+    message = _error(data.blocks_from_file, path, "label", ["f0", "city"], LOGISTIC)
+    assert message == f"{path}, row 1: column 'city' is not a number"
 
 
 @pytest.mark.parametrize("ext", ["parquet", "csv", "csv.gz"])
