@@ -25,7 +25,7 @@ import numpy as np
 from dp_accounting import dp_event as events
 from dp_accounting import gaussian_mechanism
 
-from beam_dp import accounting, mechanisms
+from beam_dp import accounting, clipping, mechanisms
 
 
 class ArraySum:
@@ -64,7 +64,9 @@ def gaussian_noise_multiplier(epsilon: float, delta: float) -> float:
 def histogram(values: np.ndarray, grid: np.ndarray) -> np.ndarray:
     """Counts per column of ``values`` (m, j) in the cells of per-column grids (j, G):
     cell 0 holds values <= grid[0], cell i values in (grid[i-1], grid[i]], cell G values above
-    grid[-1]. The cumulative count up to cell i is #{v <= grid[i]}."""
+    grid[-1]. The cumulative count up to cell i is #{v <= grid[i]}. Every value lands in exactly
+    one cell whatever it is (+-inf in the end cells, a NaN, never from validated input, in the top
+    one), so one example moves one count per column by 1, and nothing here can overflow."""
     j, size = grid.shape
     out = np.zeros((j, size + 1))
     for c in range(j):  # one vectorized search per column, not per example
@@ -73,25 +75,52 @@ def histogram(values: np.ndarray, grid: np.ndarray) -> np.ndarray:
 
 
 def exponential_mechanism_quantile(counts: np.ndarray, grid: np.ndarray, rank: float,
-                                   epsilon: float, generator: np.random.Generator) -> float:
-    """A grid point g_i whose cell (g_{i-1}, g_i] holds the value of rank ``rank``, chosen by the
+                                   epsilon: float, generator: np.random.Generator,
+                                   quantile: float = 0.0, margin: float = 0.0) -> float:
+    """A grid point g_i whose cell (g_{i-1}, g_i] holds the value of the target rank, chosen by the
     exponential mechanism.
 
+    ``counts`` is the histogram of the values on ``grid`` (``histogram``: G + 1 cells, the last
+    one above grid[-1]), so T = counts.sum() is the exact number of values. The target rank is
+
+        r = clamp(quantile * T + rank, min(margin, T/2), max(T - margin, T/2)),
+
+    i.e. ``rank`` alone (``quantile`` 0) is a public rank from the bottom; ``quantile`` 1 and
+    ``rank`` -k ask for "k values above g" (a rank counted from the top); ``quantile`` p and
+    ``rank`` 0 the p-quantile of the values actually there. ``margin`` keeps the target at least
+    ``margin`` ranks inside either end (see below). No released (noisy) dataset size is involved,
+    so an error in a released count cannot move the target.
+
     Cell i covers the ranks [c_{i-1}, c_i], with c_i = #{v <= g_i}. Its utility is minus the
-    distance from ``rank`` to that interval, u_i = -max(c_{i-1} - rank, rank - c_i, 0), so any
-    cell holding the target scores 0 even when values pile up in one cell. One example moves every
-    c_i by at most 1 under add/remove, so u has sensitivity 1 and sampling i with probability
-    proportional to exp(epsilon * u_i / 2) is epsilon-DP (Gumbel-max trick: an exact sample).
+    distance from r to that interval, u_i = -max(c_{i-1} - r, r - c_i, 0), so any cell holding
+    the target scores 0 even when values pile up in one cell. Sensitivity 1 under add/remove:
+    adding one value raises each c_i by 0 or 1 and T by 1, and r, a clamp of quantities that each
+    rise by between 0 and 1 (p <= 1, the bounds by 1/2 or 1), by between 0 and 1; so every
+    c_i - r moves by at most 1 (removal alike). Sampling i with probability proportional to
+    exp(epsilon * u_i / 2) is therefore epsilon-DP (Gumbel-max trick: an exact sample).
 
     Guarantee (the exponential mechanism's bound, G candidates): with probability >= 1 - zeta the
-    returned g_i satisfies #{v <= g_i} >= rank - E and #{v <= g_{i-1}} <= rank + E with
-    E = (2/epsilon) ln(G/zeta) (``quantile_rank_error_bound``).
+    returned g_i satisfies #{v <= g_i} >= r - E and #{v <= g_{i-1}} <= r + E with
+    E = (2/epsilon) ln(G/zeta) (``quantile_rank_error_bound``). Every empty grid cell beyond the
+    data scores at most -min(r, T - r); with ``margin`` = E(zeta) the chance of returning one of
+    them is at most zeta, which is what keeps an extreme quantile at small n inside the data
+    instead of anywhere on the grid (the target then sits E ranks from the end, not p T).
     """
-    upper = np.cumsum(counts)[:len(grid)]
-    lower = np.concatenate([[0.0], upper[:-1]])
-    utility = -np.maximum(np.maximum(lower - rank, rank - upper), 0.0)
+    utility = quantile_utility(counts, len(grid), rank, quantile, margin)
     scores = epsilon * utility / 2.0 + generator.gumbel(size=len(grid))
     return float(grid[int(np.argmax(scores))])
+
+
+def quantile_utility(counts: np.ndarray, size: int, rank: float, quantile: float = 0.0,
+                     margin: float = 0.0) -> np.ndarray:
+    """The utilities u_0..u_{size-1} of ``exponential_mechanism_quantile`` (sensitivity 1)."""
+    counts = np.asarray(counts, float)
+    total = float(counts.sum())
+    low, high = min(margin, total / 2), max(total - margin, total / 2)
+    target = min(max(quantile * total + rank, low, 0.0), high, total)
+    upper = np.cumsum(counts)[:size]
+    lower = np.concatenate([[0.0], upper[:-1]])
+    return -np.maximum(np.maximum(lower - target, target - upper), 0.0)
 
 
 def quantile_rank_error_bound(grid_size: int, epsilon: float, failure_probability: float) -> float:
@@ -135,7 +164,8 @@ class Norms:
     """The L2 norm of each feature vector, (m, 1)."""
 
     def __call__(self, block, state) -> np.ndarray:
-        return np.sqrt(block.sq_norms)[:, None]
+        # Overflow-safe: a row of 1e200 has norm 1e200 (sqrt of the overflowed square is inf).
+        return clipping.row_norms(block.features, block.sq_norms)[:, None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,8 +176,9 @@ class DistancesTo:
     values: Callable = Columns()
 
     def __call__(self, block, state) -> np.ndarray:
-        diff = self.values(block, state) - np.asarray(state[self.key], float).reshape(-1)
-        return np.sqrt(np.einsum("ij,ij->i", diff, diff))[:, None]
+        diff = clipping.saturating_difference(self.values(block, state),
+                                              np.asarray(state[self.key], float).reshape(-1))
+        return clipping.row_norms(diff)[:, None]
 
 
 # ----------------------------------------------------------------------------------- stages
@@ -185,9 +216,15 @@ class CountStage:
 class QuantileStage:
     """Exponential-mechanism quantiles of per-example values, one per (column, quantile).
 
-    The target rank of quantile p is p * n - outliers (n is the released ``state['n']``), clamped
-    to [0, n]. ``grid(state)`` gives the (columns, G) candidate points. Writes
-    ``state[key]`` of shape (columns, len(quantiles)). Each release is epsilon-DP.
+    The target rank of quantile p is p * T - outliers, T the exact number of values (the total of
+    the histogram, inside the mechanism: ``exponential_mechanism_quantile``), kept at least
+    ``margin`` ranks from either end. So p = 1 with ``outliers`` k means "k values above" (a rank
+    counted from the top), and no released count enters: ``state['n']`` is not read, and an
+    over- or undershooting noisy count cannot move the target (it did, through n - outliers,
+    before: with n_noisy - n > outliers every cell above the data scored the same). ``margin`` =
+    ``rank_error_bound(zeta)`` keeps extreme quantiles inside the data with probability 1 - zeta
+    at any n. ``grid(state)`` gives the (columns, G) candidate points. Writes ``state[key]`` of
+    shape (columns, len(quantiles)). Each release is epsilon-DP (sensitivity 1).
     """
 
     key: str
@@ -200,30 +237,35 @@ class QuantileStage:
     seed: int
     stream: tuple = (0,)
     outliers: float = 0.0
+    margin: float = 0.0
 
     @property
     def shape(self):
         return (self.columns, self.grid_size + 1)
+
+    def rank_error_bound(self, failure_probability: float) -> float:
+        """Each release's rank error at that failure probability (public)."""
+        return quantile_rank_error_bound(self.grid_size, self.epsilon, failure_probability)
 
     def partial_sum(self, block, state):
         return histogram(self.values(block, state), self.grid(state))
 
     def apply(self, state, total):
         grid = self.grid(state)
-        n = state["n"]
         out = np.empty((self.columns, len(self.quantiles)))
         for c in range(self.columns):
             for i, p in enumerate(self.quantiles):
-                rank = min(max(p * n - self.outliers, 0.0), n)
-                out[c, i] = exponential_mechanism_quantile(total[c], grid[c], rank, self.epsilon,
-                                                           _rng(self, c, i))
+                out[c, i] = exponential_mechanism_quantile(
+                    total[c], grid[c], -self.outliers, self.epsilon, _rng(self, c, i),
+                    quantile=p, margin=self.margin)
         return {**state, self.key: out}
 
     def releases(self):
         return [("exponential_mechanism_quantile", accounting.PureDpEvent(self.epsilon),
                  self.columns * len(self.quantiles),
                  {"epsilon": self.epsilon, "sensitivity": 1, "grid_size": self.grid_size,
-                  "quantiles": list(self.quantiles), "outliers": self.outliers})]
+                  "quantiles": list(self.quantiles), "outliers": self.outliers,
+                  **({"margin": self.margin} if self.margin else {})})]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,7 +273,8 @@ class ClippedMeanStage:
     """Gaussian mean of vectors clipped to the L2 ball of ``radius`` around ``center``.
 
     Sum of clip(v - center, radius) has L2 sensitivity ``radius`` under add/remove; Gaussian noise
-    of std noise_multiplier * radius is added once and the sum is divided by the released n.
+    of std noise_multiplier * radius is added once, the sum is divided by the released n, and
+    the shift from the center is projected onto the ball (where the exact clipped mean lies).
     ``center`` and ``radius`` are numbers or the names of earlier releases in the state.
     Writes ``state[key]``.
     """
@@ -258,16 +301,23 @@ class ClippedMeanStage:
         return float(np.asarray(r).reshape(-1)[0])
 
     def partial_sum(self, block, state):
-        diff = self.values(block, state) - self._center(state)
-        radius = self._radius(state)
-        norms = np.sqrt(np.einsum("ij,ij->i", diff, diff))
-        scale = np.minimum(1.0, radius / np.maximum(norms, np.finfo(float).tiny))
-        return scale @ diff
+        # Overflow-safe clipping (clipping.scale_rows): every row adds at most ``radius`` in norm
+        # however large its values, and nothing is printed.
+        diff = clipping.saturating_difference(self.values(block, state), self._center(state))
+        clipped, _ = clipping.scale_rows(diff, self._radius(state), only_shrink=True)
+        return clipped.sum(axis=0)
 
     def apply(self, state, total):
+        # The normalizer is the released count (public; at least 1). A noisy count that is too
+        # small inflates (total + noise) / n, too large shrinks it towards the center; either way
+        # the exact clipped mean lies in the ball of ``radius`` around ``center``, so projecting
+        # onto that ball (post-processing) never moves the release farther from it and bounds
+        # the damage of any count error, or of the noise at tiny n, by the radius.
         radius = self._radius(state)
         noise = mechanisms.gaussian_noise(_rng(self), total.shape, self.noise_multiplier * radius)
-        return {**state, self.key: self._center(state) + (total + noise) / state["n"]}
+        shift = (total + noise) / max(float(state["n"]), 1.0)
+        shift = clipping.scale_rows(shift[None, :], radius, only_shrink=True)[0][0]
+        return {**state, self.key: self._center(state) + shift}
 
     def releases(self):
         return [("gaussian_clipped_mean", events.GaussianDpEvent(self.noise_multiplier), 1,
@@ -280,7 +330,8 @@ class BoxMeanStage:
     ``lo_index`` and ``hi_index`` of the released quantiles ``state[bounds_key]`` (columns, k).
 
     Centered at the midpoints, one example changes the sum by at most ||(hi - lo)/2||_2, the
-    sensitivity that the Gaussian noise is scaled by. Writes ``state[key]``.
+    sensitivity that the Gaussian noise is scaled by. The noisy sum is divided by the released n
+    and the mean clamped to [lo, hi] (where the exact clipped mean lies). Writes ``state[key]``.
     """
 
     key: str
@@ -302,15 +353,25 @@ class BoxMeanStage:
         lo = bounds[:, self.lo_index]
         return lo, np.maximum(bounds[:, self.hi_index], lo)
 
+    def sensitivity(self, state) -> float:
+        """||(hi - lo)/2||_2 from the released bounds (public), without overflow."""
+        lo, hi = self._bounds(state)
+        return float(clipping.row_norms((hi / 2 - lo / 2)[None, :])[0])
+
     def partial_sum(self, block, state):
         lo, hi = self._bounds(state)
-        return (np.clip(self.values(block, state), lo, hi) - (lo + hi) / 2).sum(axis=0)
+        # lo / 2 + hi / 2: the same midpoint without overflow at bounds near the float range.
+        return (np.clip(self.values(block, state), lo, hi) - (lo / 2 + hi / 2)).sum(axis=0)
 
     def apply(self, state, total):
         lo, hi = self._bounds(state)
-        sensitivity = float(np.linalg.norm((hi - lo) / 2))
+        sensitivity = self.sensitivity(state)
         noise = mechanisms.gaussian_noise(_rng(self), total.shape, self.noise_multiplier * sensitivity)
-        return {**state, self.key: (lo + hi) / 2 + (total + noise) / state["n"]}
+        # As in ClippedMeanStage: the exact mean of values clipped to [lo, hi] lies in [lo, hi],
+        # so the release is clamped to it (post-processing), which bounds the effect of a noisy
+        # count far too small (or of the noise at tiny n) by the range.
+        mean = (lo / 2 + hi / 2) + (total + noise) / max(float(state["n"]), 1.0)
+        return {**state, self.key: np.clip(mean, lo, hi)}
 
     def releases(self):
         return [("gaussian_bounded_mean", events.GaussianDpEvent(self.noise_multiplier), 1,
@@ -385,16 +446,30 @@ def adaptive_mean_stages(key: str, columns: int, bound: float, epsilon: float, d
     1. a coarse center: per-coordinate exponential-mechanism medians over [-R, R], refined once
        on a grid one coarse cell wide around the first estimate (resolution 4R / G^2);
     2. a private radius: an exponential-mechanism quantile of the distances to that center,
-       aiming at all but (2/eps) ln(G/zeta) points, over a log grid from R/G^2 to 2R*sqrt(d);
-    3. the mean of the vectors clipped to that ball, with Gaussian noise scaled to the radius.
+       aiming at k = (2/eps) ln(G/zeta) points above it, over a log grid from R/G^2 to
+       2R*sqrt(d). The rank is counted from the top of the histogram (``QuantileStage``), so it
+       does not depend on n: a noisy count that overshoots cannot push the target past the
+       data (with "n - k" it did, once the overshoot exceeded k, and the radius was then drawn
+       almost uniformly from the grid). With probability 1 - zeta between 0 and 2k points lie
+       farther than the radius;
+    3. the mean of the vectors clipped to that ball, with Gaussian noise scaled to the radius,
+       divided by the released ``state['n']`` and projected onto the ball.
 
-    Budget: epsilon/3 for the center (split over the 2 * d medians), epsilon/3 for the radius
-    (pure DP), and (epsilon/3, delta) for the Gaussian mean (analytic calibration). The ledger
-    composes them (PLD), so the total is at most (epsilon, delta). Requires ``state['n']``.
+    Budget: epsilon/2 for the center (split over the 2 * d medians), epsilon/4 for the radius
+    (pure DP), and (epsilon/4, delta) for the Gaussian mean (analytic calibration). The center
+    gets the largest share because a wrong coarse median is the one failure that is not
+    graceful: every grid cell on the wrong side of the data scores -n/2, so it happens with
+    probability ~ G exp(-eps_median n / 4), and then the radius, the noise and the mean are all
+    on the scale of R. On the paper's counterexample (note §3.2, n = 2000, DPSGD-F's
+    epsilon 1/3 here) that probability is 9.5e-4 per coordinate with the former thirds and
+    9.2e-7 with a half (exact, from the utilities), seen as 1 failed run in 200; the radius and
+    the Gaussian lose only linearly (k grows by 4/3, the noise by ~1.3). The ledger
+    composes them (PLD), so the total is at most (epsilon, delta). Only the last stage reads
+    ``state['n']`` (its normalizer).
     The center's budget is split over the d coordinates, so this suits small and moderate d.
     """
-    eps_median = epsilon / 3 / (2 * columns)
-    eps_radius = epsilon / 3
+    eps_median = epsilon / 2 / (2 * columns)
+    eps_radius = epsilon / 4
     coarse = uniform_grid(np.full(columns, -bound), np.full(columns, bound), grid_size)
     cell = 2 * bound / (grid_size - 1)
     radius_grid = log_grid(bound / grid_size ** 2, 2 * bound * math.sqrt(columns), grid_size)
@@ -407,7 +482,7 @@ def adaptive_mean_stages(key: str, columns: int, bound: float, epsilon: float, d
         QuantileStage(f"{key}_radius", DistancesTo(f"{key}_center", values), FixedGrid(radius_grid), 1,
                       grid_size, (1.0,), eps_radius, seed, (stream, 3), outliers=outliers),
         ClippedMeanStage(key, values, columns, f"{key}_center", f"{key}_radius",
-                         gaussian_noise_multiplier(epsilon / 3, delta), seed, (stream, 4)),
+                         gaussian_noise_multiplier(epsilon / 4, delta), seed, (stream, 4)),
     ]
 
 
@@ -418,19 +493,30 @@ def symmetric_log_grid(bound: float, size: int, dynamic_range: float = 1e8) -> n
     return np.concatenate([-half[::-1], [0.0], half])[None, :]
 
 
+SUMMARY_FAILURE = 0.05   # the failure probability of the error bounds ``beam-dp stats`` reports
+
+
 def dataset_summary_stages(columns: int, quantiles: tuple, epsilon: float, delta: float,
                            seed: int, value_bound: float = 1e6, grid_size: int = 2047,
                            count: bool = True, accountant: str = "pld") -> list:
     """``beam-dp stats``: the private count, per-column quantiles, quantiles of the feature-vector
     norms, and per-column means clipped to the private 5th and 95th percentiles.
 
-    Budget shares: count 5%, column quantiles 40% (split evenly over columns x quantiles), norm
-    quantiles 15%, means 40% with all of delta (Gaussian, analytic calibration). The many
+    Budget shares: count 5%, column quantiles 50% (split evenly over columns x quantiles), norm
+    quantiles 20%, means 25% with all of delta (Gaussian, analytic calibration). The many
     quantile releases compose far better than linearly, so the shares are scaled up by one
     factor, calibrated with dp_accounting so that the composition of every release meets
     (epsilon, delta). Grids are public: a symmetric log grid over [-value_bound, value_bound]
     with relative resolution about 1.8%. Two passes over the data: count and histograms packed
     in one, the means in a second.
+
+    Useful at small n: every quantile's target is kept at least its 95% rank error E from either
+    end of the data (``QuantileStage.margin``), so where the budget cannot resolve the 5th
+    percentile (E > 0.05 n: at epsilon 1, d = 3, n = 2,000, E is ~300 rows) the release is about
+    the E/n-th quantile, inside the data, rather than a point anywhere on the grid; ``summary``
+    reports each release's error bound and warns where that happened. (The shares were 40% / 15%
+    / 40% for column quantiles / norms / means: at such n the means' noise, ~0.005 of the range,
+    was far below the quantiles' error that their clipping bounds inherit.)
     """
     def build(inverse_scale: float) -> list:
         return _summary_stages(columns, quantiles, epsilon / inverse_scale, delta, seed,
@@ -449,12 +535,107 @@ def _summary_stages(columns, quantiles, epsilon, delta, seed, value_bound, grid_
     lo, hi = qs.index(0.05), qs.index(0.95)
     column_grid = np.repeat(symmetric_log_grid(value_bound, grid_size), columns, axis=0)
     norm_grid = log_grid(value_bound / 1e8, value_bound * math.sqrt(columns), grid_size)
+    norm_qs = tuple(sorted(set(quantiles)))
+    eps_column = 0.50 * epsilon / (columns * len(qs))
+    eps_norm = 0.20 * epsilon / len(norm_qs)
+    # margin: every target at least the 95% rank error from either end of the data, so that an
+    # extreme quantile the budget cannot resolve at this n lands inside the data (near rank E
+    # from that end) instead of anywhere on the grid; ``summary`` warns where that happens.
     first = [QuantileStage("column_quantiles", Columns(), FixedGrid(column_grid), columns,
-                           grid_size, qs, 0.40 * epsilon / (columns * len(qs)), seed, (1,)),
+                           grid_size, qs, eps_column, seed, (1,),
+                           margin=quantile_rank_error_bound(grid_size, eps_column, SUMMARY_FAILURE)),
              QuantileStage("norm_quantiles", Norms(), FixedGrid(norm_grid), 1, grid_size,
-                           tuple(sorted(set(quantiles))), 0.15 * epsilon / len(set(quantiles)), seed, (2,))]
+                           norm_qs, eps_norm, seed, (2,),
+                           margin=quantile_rank_error_bound(grid_size, eps_norm, SUMMARY_FAILURE))]
     if count:
         first.insert(0, CountStage(0.05 * epsilon, seed, (0,)))
     return [PackedStages(tuple(first)),
             BoxMeanStage("column_means", Columns(), columns, "column_quantiles", lo, hi,
-                         gaussian_noise_multiplier(0.40 * epsilon, delta), seed, (3,))]
+                         gaussian_noise_multiplier(0.25 * epsilon, delta), seed, (3,))]
+
+
+def _flat_stages(stages) -> list:
+    out = []
+    for stage in stages:
+        out.extend(_flat_stages(stage.stages) if isinstance(stage, PackedStages) else [stage])
+    return out
+
+
+def summary(state: dict, stages, feature_names, count_source: str,
+            failure_probability: float = SUMMARY_FAILURE) -> dict:
+    """The ``beam-dp stats`` report (everything but the privacy report) from the released
+    ``state`` of ``dataset_summary_stages``'s ``stages``: every released statistic with its error
+    bound, and warnings (no data values in them) where a bound makes a statistic easy to misread.
+
+    * count: the Laplace scale and the 95% error bound b ln(20) (a public function of the budget);
+    * quantiles: each release's rank error bound E at ``failure_probability`` (exponential
+      mechanism, ``quantile_rank_error_bound``). A warning names the quantiles with
+      E > min(p, 1 - p) n (n the released count): their target was moved E ranks inside the data
+      (``QuantileStage.margin``), so they are about the E/n-th quantile from that end, not p;
+    * means: the standard error of the Gaussian noise, sigma * ||(hi - lo)/2||_2 / n (public: the
+      noise multiplier, the released clipping bounds and the released count), and the 95%
+      interval mean +- 1.96 se cut to [lo, hi]. The interval covers the noise only: the clipping
+      to [lo, hi] biases a mean when values lie outside, and a count error scales (mean - mid).
+    """
+    by_key = {getattr(s, "key", None): s for s in _flat_stages(stages)}
+    n = float(state["n"])
+    z = 1.959963984540054                     # two-sided 95% normal quantile
+    warnings = []
+    out = {"count": state["n"], "count_source": count_source}
+    count_stage = next((s for s in by_key.values() if isinstance(s, CountStage)), None)
+    if count_stage is not None:
+        scale = 1.0 / count_stage.epsilon
+        out["count_laplace_scale"] = scale
+        out["count_error_95"] = scale * math.log(1 / 0.05)
+        if out["count_error_95"] > n / 2:
+            warnings.append("count: its 95% error bound exceeds half the released count; the "
+                            "count and every statistic divided by it are mostly noise.")
+
+    column_q, norm_q = by_key["column_quantiles"], by_key["norm_quantiles"]
+    means = by_key["column_means"]
+    rank_errors = {}
+    for label, stage in (("columns", column_q), ("norms", norm_q)):
+        e = stage.rank_error_bound(failure_probability)
+        rank_errors[f"exponential_mechanism_quantile ({label})"] = e
+        unresolved = [p for p in stage.quantiles if e > min(p, 1 - p) * n]
+        if unresolved:
+            what = "column" if label == "columns" else "feature-norm"
+            warnings.append(
+                f"{what} quantiles {', '.join(f'{p:g}' for p in unresolved)}: the "
+                f"{1 - failure_probability:.0%} rank error ({e:.0f} rows) exceeds min(p, 1-p) x n; "
+                f"each was aimed {e:.0f} rows inside the data instead, so it is not the requested "
+                "quantile. Use more rows, a larger --epsilon, fewer --quantiles or fewer columns.")
+
+    lo, hi = means._bounds(state)
+    se = means.noise_multiplier * means.sensitivity(state) / max(n, 1.0)
+    columns = {}
+    for j, name in enumerate(feature_names):
+        mean = float(state["column_means"][j])
+        columns[name] = {
+            "mean": mean,
+            "mean_standard_error": se,
+            "mean_interval_95": [max(mean - z * se, float(lo[j])), min(mean + z * se, float(hi[j]))],
+            "mean_clipped_to": [float(lo[j]), float(hi[j])],
+            "quantiles": {str(q): float(state["column_quantiles"][j, i])
+                          for i, q in enumerate(column_q.quantiles)},
+        }
+    widths = (hi - lo)[hi > lo]
+    if widths.size and z * se > float(np.min(widths)) / 2:
+        warnings.append("column means: the 95% noise interval is wider than the clipping range of "
+                        "some columns; those means are mostly noise.")
+    out.update({
+        "columns": columns,
+        "feature_norm_quantiles": {str(q): float(state["norm_quantiles"][0, i])
+                                   for i, q in enumerate(norm_q.quantiles)},
+        "quantile_rank_error_95": rank_errors,
+        "warnings": warnings,
+        "notes": ("Quantiles are grid points of a symmetric log grid over +-value_bound (relative "
+                  "resolution about 1.8%), chosen by the exponential mechanism: with probability "
+                  "0.95 each one's rank is within quantile_rank_error_95 rows of its target, p n, "
+                  "or that many rows inside the data where p n is closer to an end (see warnings). "
+                  "Means are of values clipped to mean_clipped_to (the released 0.05 and 0.95 "
+                  "quantiles); mean_standard_error and mean_interval_95 cover the Gaussian noise "
+                  "only, not the clipping bias. count_error_95 bounds the count's Laplace noise "
+                  "with probability 0.95."),
+    })
+    return out

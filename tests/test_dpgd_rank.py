@@ -104,7 +104,7 @@ def test_dpgd_excess_risk_does_not_grow_with_the_ambient_dimension():
         for seed in range(seeds):
             config = NoisyGDConfig(algorithm="dpgd", epsilon=1.0, learning_rate=1.0,
                                    num_examples=n, fit_intercept=False, rank=r, clip_norm=1.0,
-                                   steps_per_chunk=10 ** 6)
+                                   max_steps=2000, steps_per_chunk=10 ** 6)
             result = noisy_gd.train(config, losses.LogisticLoss(), p,
                                     LocalAggregator([Block(x, y)]), seed, accounting.Ledger())
             assert result.steps == 2000   # 2172 from the rank, capped
