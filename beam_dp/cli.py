@@ -1,5 +1,7 @@
-"""The ``beam-dp`` command: make-data, train, predict.
+"""The ``beam-dp`` command: train, algorithms, predict, stats, make-data.
 
+A thin layer over the Python API (``beam_dp.train``): flags are generated from the algorithm
+registry, so ``beam-dp train --algorithm X --help`` lists X's own options with their defaults.
 Flags this command does not know are handed to Beam's PipelineOptions unchanged, so
 ``--runner DataflowRunner --project ... --temp_location ...`` works as with any Beam pipeline.
 ``--runner local`` runs the same kernels in-process without Beam; with no ``--runner``, Beam's
@@ -8,12 +10,17 @@ in-process FnApiRunner is used (DirectRunner would first try to download the Pri
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import logging
 import os
 import sys
+import textwrap
+import warnings
 
 import numpy as np
 
 DEFAULT_BEAM_RUNNER = "FnApiRunner"
+DEFAULT_ALGORITHM = "dpgd"
 
 
 def _positive_int(text: str) -> int:
@@ -27,145 +34,261 @@ def _columns(text: str) -> list[str]:
     return [c.strip() for c in text.split(",") if c.strip()]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from beam_dp import accounting, losses, synthetic
-    from beam_dp.algorithms import dpsgd_f
-    from beam_dp.algorithms.noisy_gd import ALGORITHMS
+class _Parser(argparse.ArgumentParser):
+    """No abbreviated flags (``--steps`` must not silently mean ``--steps-per-pipeline``), and a
+    usage error is one line, like every other error."""
 
-    parser = argparse.ArgumentParser(prog="beam-dp", description=__doc__.split("\n\n")[0])
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message):
+        self.exit(2, f"beam-dp: error: {message} (see `{self.prog} --help`)\n")
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Shows every flag's default (a None default is described in the help text itself)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default is not None and action.default is not False \
+                and action.default is not argparse.SUPPRESS and "%(default)" not in text \
+                and action.option_strings and action.nargs != 0:
+            text += " (default: %(default)s)"
+        elif isinstance(action, argparse.BooleanOptionalAction):
+            text += f" (default: {'on' if action.default else 'off'})"
+        return text
+
+
+def _requested_algorithm(argv: list[str]) -> str:
+    """The --algorithm value, read before the full parse so that its own flags can be added."""
+    name = DEFAULT_ALGORITHM
+    for i, token in enumerate(argv):   # the last one wins, as in argparse
+        if token == "--algorithm" and i + 1 < len(argv):
+            name = argv[i + 1]
+        elif token.startswith("--algorithm="):
+            name = token.split("=", 1)[1]
+    return name
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    from beam_dp import accounting, losses, synthetic
+    from beam_dp.algorithms import registry
+
+    algorithms = registry.algorithms()
+    parser = _Parser(prog="beam-dp", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    make = sub.add_parser("make-data", help="write a synthetic dataset (train and validation shards)")
+    make = sub.add_parser("make-data", help="write a synthetic dataset (train and validation shards)",
+                          formatter_class=_Formatter)
     make.add_argument("--output", required=True, help="directory to write into")
-    make.add_argument("--task", choices=synthetic.TASKS, default="binary")
+    make.add_argument("--task", choices=synthetic.TASKS, default="binary", help="kind of labels")
     make.add_argument("--n", type=_positive_int, default=20000, help="training examples")
     make.add_argument("--d", type=_positive_int, default=20, help="features")
     make.add_argument("--num-classes", type=int, default=3, help="classes for --task multiclass")
-    make.add_argument("--validation-n", type=int, default=5000)
-    make.add_argument("--shards", type=_positive_int, default=4)
-    make.add_argument("--format", choices=("parquet", "csv"), default="parquet")
+    make.add_argument("--validation-n", type=int, default=5000, help="validation examples")
+    make.add_argument("--shards", type=_positive_int, default=4, help="training files")
+    make.add_argument("--format", choices=("parquet", "csv"), default="parquet", help="file format")
     make.add_argument("--seed", type=int, default=0, help="the data is synthetic: seeded by default")
-    make.add_argument("--overwrite", action="store_true", help="replace an existing --output directory")
+    make.add_argument("--overwrite", action="store_true",
+                      help="replace an existing --output directory that beam-dp wrote")
 
-    train = sub.add_parser("train", help="train a differentially private GLM",
-                           epilog="Unknown flags are passed to Beam's PipelineOptions.")
+    listing = "\n".join(textwrap.fill(a.use_when, 78, initial_indent=f"  {a.name:<11} ",
+                                       subsequent_indent=" " * 14) for a in algorithms.values())
+    train = sub.add_parser(
+        "train", help="train a differentially private GLM", formatter_class=_Formatter,
+        description="Train a GLM with (epsilon, delta)-differential privacy for add/remove-one-row "
+                    "neighbouring datasets.",
+        epilog=f"algorithms (--algorithm; `beam-dp train --algorithm X --help` lists X's own "
+               f"flags, `beam-dp algorithms` all of them):\n{listing}\n\n"
+               "Unknown flags are passed to Beam's PipelineOptions.")
     io = train.add_argument_group("input and output")
-    io.add_argument("--input", required=True, help="glob of Parquet or CSV files (comma-separated globs allowed)")
-    io.add_argument("--output", required=True, help="directory for model.json, privacy_report.json, metrics.json")
-    io.add_argument("--overwrite", action="store_true", help="replace an existing --output directory")
-    io.add_argument("--label-column", default="label")
+    io.add_argument("--input", required=True, nargs="+",
+                    help="Parquet or CSV files: globs (quote them), comma-separated globs, or "
+                         "several paths")
+    io.add_argument("--output", required=True,
+                    help="directory for model.json, privacy_report.json, metrics.json")
+    io.add_argument("--overwrite", action="store_true",
+                    help="replace an existing --output directory that beam-dp wrote (never "
+                         "anything else)")
+    io.add_argument("--label-column", default="label", help="the label's column")
     io.add_argument("--feature-columns", type=_columns, default=None,
-                    help="comma-separated; default: every numeric column but the label")
-    io.add_argument("--validation", default=None, help="glob of validation files (not covered by the guarantee)")
+                    help="comma-separated; default: every column but the label (CSV: by the "
+                         "header; Parquet: every numeric column by its declared type)")
+    io.add_argument("--validation", default=None,
+                    help="glob of validation files for metrics.json (not covered by the guarantee)")
     io.add_argument("--batch-rows", type=_positive_int, default=65536, help="rows per block read")
 
     model = train.add_argument_group("model")
-    model.add_argument("--model", choices=losses.MODEL_NAMES, default="logistic")
-    model.add_argument("--num-classes", type=int, default=None, help="classes for --model softmax (public)")
-    model.add_argument("--huber-delta", type=float, default=1.0)
-    model.add_argument("--no-intercept", dest="fit_intercept", action="store_false")
-
-    algo = train.add_argument_group("algorithm")
-    algo.add_argument("--algorithm", choices=ALGORITHMS + ("dpsgd-f", "dp-ambssgd", "ssp"), default="dpsgd")
-    algo.add_argument("--clip-norm", type=float, default=1.0)
-    algo.add_argument("--learning-rate", type=float, default=None,
-                      help="default 2 (dpsgd, dpsgd-f), 1 (dpgd, dp-ambssgd)")
-    algo.add_argument("--batch-size", type=_positive_int, default=1000, help="expected batch size (dpsgd)")
-    algo.add_argument("--epochs", type=float, default=None, help="default 5 (dpsgd) or 100 steps (dpgd)")
-    algo.add_argument("--steps", type=_positive_int, default=None, help="overrides --epochs")
-    algo.add_argument("--average-iterates", dest="average_iterates", action="store_true", default=None,
-                      help="output the average of the iterates (default for dpgd)")
-    algo.add_argument("--no-average-iterates", dest="average_iterates", action="store_false")
-    algo.add_argument("--feature-norm", type=float, default=None,
-                      help="dpsgd/dpgd and dpsgd-f practical: normalize every feature vector to this "
-                           "norm (C_F); dpsgd-f theory: the public bound R (vectors clipped to it)")
-    algo.add_argument("--rank", type=_positive_int, default=None,
-                      help="dpgd: public bound on the feature rank, sets the number of steps (default d + 1)")
-    algo.add_argument("--max-steps", type=_positive_int, default=2000, help="dpgd: cap on that number")
-    algo.add_argument("--dpsgd-f-variant", choices=dpsgd_f.VARIANTS, default="practical")
-    algo.add_argument("--preprocess-epsilon", type=float, default=None,
-                      help="dpsgd-f: budget of the private preprocessing (default 5%% of epsilon "
-                           "for practical, 2/3 for theory)")
-
-    regression = train.add_argument_group("dp-ambssgd and ssp (linear regression)")
-    regression.add_argument("--blocks", type=_positive_int, default=12, help="dp-ambssgd: T disjoint blocks")
-    regression.add_argument("--stat-fraction", type=float, default=1 / 11,
-                            help="dp-ambssgd: share of each block for the clip statistics (s/(b+s))")
-    regression.add_argument("--expected-feature-norm", type=float, default=None,
-                            help="dp-ambssgd: R_x, clip = R_x * residual threshold (default sqrt(d))")
-    regression.add_argument("--residual-bound", type=float, default=1e4,
-                            help="dp-ambssgd: largest residual the clip search considers")
-    regression.add_argument("--label-bound", type=float, default=4.0, help="ssp: labels clamped to +-this")
-    regression.add_argument("--ridge", type=float, default=None,
-                            help="ssp: ridge penalty; default chosen privately (AdaSSP)")
+    model.add_argument("--model", choices=losses.MODEL_NAMES, default="logistic",
+                       help="logistic (labels 0/1 or -1/+1), softmax (0..K-1), hinge (linear "
+                            "SVM), linear (least squares), huber (robust regression)")
+    model.add_argument("--num-classes", type=int, default=None,
+                       help="number of classes for --model softmax (public)")
+    model.add_argument("--huber-delta", type=float, default=1.0, help="threshold of --model huber")
+    model.add_argument("--no-intercept", dest="fit_intercept", action="store_false",
+                       help="fit no intercept")
 
     privacy = train.add_argument_group("privacy")
     budget = privacy.add_mutually_exclusive_group(required=True)
     budget.add_argument("--epsilon", type=float, help="target epsilon: the noise is calibrated to it")
-    budget.add_argument("--noise-multiplier", type=float, help="report the epsilon this noise buys")
-    privacy.add_argument("--delta", type=float, default=1e-5)
-    privacy.add_argument("--accountant", choices=accounting.ACCOUNTANTS, default="pld")
+    budget.add_argument("--noise-multiplier", type=float,
+                        help="instead of --epsilon: this noise, and report the epsilon it buys")
+    privacy.add_argument("--delta", type=float, default=1e-5,
+                         help="target delta; keep it well below 1/n")
+    privacy.add_argument("--accountant", choices=accounting.ACCOUNTANTS, default="pld",
+                         help="privacy accountant (dp_accounting)")
     privacy.add_argument("--num-examples", type=_positive_int, default=None,
-                         help="public dataset size; without it n is estimated with a Laplace count")
+                         help="public dataset size; without it n is a private Laplace count")
     privacy.add_argument("--count-epsilon", type=float, default=None,
-                         help="budget of that count (default: 1%% of --epsilon, or 0.01)")
+                         help="budget of that count; default: a share of --epsilon (see README)")
     privacy.add_argument("--seed", type=int, default=None,
-                         help="fixed seed for tests and comparisons; default: OS secure randomness")
+                         help="fixed seed, for tests and comparisons only; default: the OS's "
+                              "secure randomness")
 
     run = train.add_argument_group("execution")
     run.add_argument("--runner", default=DEFAULT_BEAM_RUNNER,
                      help="'local' for the in-process numpy runner, else a Beam runner "
-                          f"(default {DEFAULT_BEAM_RUNNER}, Beam's in-process runner)")
+                          "(FnApiRunner is Beam's in-process runner)")
     run.add_argument("--steps-per-pipeline", type=_positive_int, default=25,
                      help="steps unrolled into one Beam pipeline; the driver checkpoints between them")
     run.add_argument("--checkpoint-dir", default=None,
                      help="save the (noised) state after every chunk and resume from it")
 
+    algo = train.add_argument_group("algorithm")
+    algo.add_argument("--algorithm", choices=tuple(algorithms), default=DEFAULT_ALGORITHM,
+                      help="the optimizer; see the list below")
+    name = _requested_algorithm(list(argv or []))
+    if name in algorithms:
+        chosen = algorithms[name]
+        about = f"{chosen.use_when}. Models: {', '.join(chosen.models)}."
+        group = train.add_argument_group(f"{name} options", textwrap.fill(about, 78))
+        registry.add_arguments(group, chosen.options)
+
+    sub.add_parser("algorithms", help="list the algorithms, when to use each, and their flags")
+
     st = sub.add_parser("stats", help="private statistics of a dataset (to choose clip norms)",
-                        epilog="Unknown flags are passed to Beam's PipelineOptions.")
-    st.add_argument("--input", required=True, help="glob of Parquet or CSV files")
+                        epilog="Unknown flags are passed to Beam's PipelineOptions.",
+                        formatter_class=_Formatter)
+    st.add_argument("--input", required=True, nargs="+", help="Parquet or CSV files (globs)")
     st.add_argument("--output", required=True, help="directory for stats_report.json")
-    st.add_argument("--overwrite", action="store_true")
+    st.add_argument("--overwrite", action="store_true",
+                    help="replace an existing --output directory that beam-dp wrote")
     st.add_argument("--label-column", default="label", help="excluded from the default features")
-    st.add_argument("--feature-columns", type=_columns, default=None)
+    st.add_argument("--feature-columns", type=_columns, default=None, help="comma-separated")
     st.add_argument("--quantiles", type=lambda t: tuple(float(q) for q in _columns(t)),
                     default=(0.05, 0.5, 0.95), help="comma-separated fractions")
     st.add_argument("--value-bound", type=float, default=1e6,
                     help="public bound on |values|; the quantile grids span it")
-    st.add_argument("--epsilon", type=float, required=True)
-    st.add_argument("--delta", type=float, default=1e-5)
-    st.add_argument("--accountant", choices=accounting.ACCOUNTANTS, default="pld")
+    st.add_argument("--epsilon", type=float, required=True, help="total budget")
+    st.add_argument("--delta", type=float, default=1e-5, help="total delta")
+    st.add_argument("--accountant", choices=accounting.ACCOUNTANTS, default="pld",
+                    help="privacy accountant")
     st.add_argument("--num-examples", type=_positive_int, default=None, help="public dataset size")
-    st.add_argument("--seed", type=int, default=None)
-    st.add_argument("--runner", default=DEFAULT_BEAM_RUNNER)
-    st.add_argument("--batch-rows", type=_positive_int, default=65536)
+    st.add_argument("--seed", type=int, default=None, help="fixed seed (tests only)")
+    st.add_argument("--runner", default=DEFAULT_BEAM_RUNNER, help="'local' or a Beam runner")
+    st.add_argument("--batch-rows", type=_positive_int, default=65536, help="rows per block read")
 
-    predict = sub.add_parser("predict", help="apply a trained model to a dataset")
+    predict = sub.add_parser("predict", help="apply a trained model to a dataset",
+                             formatter_class=_Formatter)
     predict.add_argument("--model", required=True, help="model.json or the training output directory")
-    predict.add_argument("--input", required=True, help="glob of Parquet or CSV files")
+    predict.add_argument("--input", required=True, nargs="+", help="Parquet or CSV files (globs)")
     predict.add_argument("--output", required=True, help="predictions file (.csv or .parquet)")
-    predict.add_argument("--batch-rows", type=_positive_int, default=65536)
+    predict.add_argument("--overwrite", action="store_true",
+                         help="replace an existing predictions file that beam-dp wrote")
+    predict.add_argument("--batch-rows", type=_positive_int, default=65536, help="rows per block read")
     return parser
+
+
+def _stray_arguments(extra: list[str]) -> list[str]:
+    """Arguments left over by the parser that are neither Beam flags nor their values: e.g. the
+    2nd..kth file of an unquoted glob that the shell expanded after an option other than --input."""
+    stray = []
+    for i, token in enumerate(extra):
+        if token.startswith("-"):
+            continue
+        previous = extra[i - 1] if i > 0 else ""
+        if not (previous.startswith("--") and "=" not in previous):
+            stray.append(token)
+    return stray
+
+
+def _refuse_other_algorithms_flags(parser, algorithm: str, extra: list[str]) -> None:
+    """A flag of another algorithm would otherwise pass silently to Beam's options."""
+    from beam_dp.algorithms import registry
+
+    owners: dict[str, list[str]] = {}
+    for other in registry.algorithms().values():
+        for flag, _, _ in registry.describe(other.options):
+            owners.setdefault(flag, []).append(other.name)
+            owners.setdefault("--no-" + flag[2:], []).append(other.name)
+    for token in extra:
+        flag = token.split("=", 1)[0]
+        if flag in owners:
+            parser.error(f"{flag} is an option of {', '.join(owners[flag])}, not of {algorithm} "
+                         f"(choose the algorithm with --algorithm)")
+
+
+def _refuse_unknown_flags(parser, runner: str | None, extra: list[str]) -> None:
+    """Flags beam-dp does not know go to Beam, which would drop a misspelt one (--clip_norm) with
+    at most a log line: refuse those neither knows, and any with the local runner (no Beam)."""
+    flags = [t.split("=", 1)[0] for t in extra if t.startswith("-")]
+    if not flags:
+        return
+    if runner == "local":
+        parser.error(f"unknown flag(s) {', '.join(flags)} (--runner local takes no Beam flags)")
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    options = PipelineOptions(extra)
+    beam_log = logging.getLogger("apache_beam.options.pipeline_options")
+    level = beam_log.level
+    beam_log.setLevel(logging.ERROR)   # it would log "Discarding unparseable args": we say it once
+    try:
+        unknown = (set(options.get_all_options(retain_unknown_options=True))
+                   - set(options.get_all_options()))
+    finally:
+        beam_log.setLevel(level)
+    named = [f for f in flags if f.lstrip("-").replace("-", "_") in unknown]
+    if named:
+        parser.error(f"unknown flag(s) {', '.join(named)}: neither beam-dp nor Beam knows them")
 
 
 def main(argv: list[str] | None = None) -> int:
     from beam_dp.data import DataError
 
-    parser = build_parser()
-    args, beam_args = parser.parse_known_args(argv)
-    if beam_args and args.command not in ("train", "stats"):
-        parser.error(f"unrecognized arguments: {' '.join(beam_args)}")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    runner_log = logging.getLogger("apache_beam.runners.common")
+    if not any(isinstance(f, _DropOwnInputErrors) for f in runner_log.filters):
+        runner_log.addFilter(_DropOwnInputErrors())
+    parser = build_parser(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command not in ("train", "stats"):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command == "train":
+        _refuse_other_algorithms_flags(parser, args.algorithm, extra)
+    stray = _stray_arguments(extra)
+    if stray:
+        parser.error(f"unexpected argument(s) {' '.join(stray)}: if the shell expanded a glob, "
+                     "quote it (--input 'data/train-*.parquet') or list every file after --input")
+    _refuse_unknown_flags(parser, args.runner if extra else None, extra)
     try:
         if args.command == "make-data":
             return _make_data(args)
         if args.command == "train":
-            return _train(args, beam_args)
+            return _train(args, extra)
+        if args.command == "algorithms":
+            return _algorithms()
         if args.command == "stats":
-            return _stats(args, beam_args)
+            return _stats(args, extra)
         return _predict(args)
-    except (DataError, ValueError, FileExistsError) as e:
-        message = e.detail if isinstance(e, DataError) else str(e)
-        print(f"beam-dp: error: {message}", file=sys.stderr)
+    except KeyboardInterrupt:
+        resume = (f"; rerun the same command to resume from {args.checkpoint_dir}"
+                  if getattr(args, "checkpoint_dir", None) else "")
+        print(f"beam-dp: interrupted; no output was written{resume}", file=sys.stderr)
+        return 130
+    except (DataError, ValueError, TypeError, OSError) as e:
+        print(f"beam-dp: error: {_one_line(e)}", file=sys.stderr)
         return 2
     except Exception as e:  # a Beam runner wraps worker errors; show our one line if it is there
         text = str(e)
@@ -175,6 +298,26 @@ def main(argv: list[str] | None = None) -> int:
             print(f"beam-dp: error: {line.strip()}", file=sys.stderr)
             return 2
         raise
+
+
+class _DropOwnInputErrors:
+    """A logging filter for Beam's DoFn runner, which logs a failing worker's traceback before
+    re-raising: our input errors are reported once, as one line, by ``main``."""
+
+    def filter(self, record) -> bool:
+        from beam_dp.data import DataError
+        return DataError.MARKER not in record.getMessage()
+
+
+def _one_line(e: BaseException) -> str:
+    from beam_dp.data import DataError
+
+    if isinstance(e, DataError):
+        return e.detail.split(" [while running")[0]   # Beam appends the failing step's name
+    if isinstance(e, OSError) and e.strerror:
+        # The path and the system's reason only (an OSError's text has no data values).
+        return f"{e.filename}: {e.strerror}" if e.filename else e.strerror
+    return " ".join(str(e).split())
 
 
 def _make_data(args) -> int:
@@ -210,10 +353,10 @@ def _progress_callback():
 
 
 def _input(args, beam_args: list[str], loss, label_column):
-    """The training files, their feature columns and the aggregator for the chosen runner."""
+    """The files, their feature columns and the aggregator for the chosen runner (stats)."""
     from beam_dp import data
 
-    files = data.list_files(args.input)
+    files = sorted({f for pattern in args.input for f in data.list_files(pattern)})
     if args.runner == "local":
         open_file = data.open_local
     else:
@@ -231,113 +374,69 @@ def _input(args, beam_args: list[str], loss, label_column):
 
 
 def _privacy_report(ledger, delta: float, seed_fixed: bool, **fields) -> dict:
-    from beam_dp import accounting, report
-
-    return {
-        "epsilon": ledger.epsilon(delta),
-        "delta": delta,
-        "accountant": ledger.accountant,
-        "neighbouring": ledger.neighbouring,
-        **fields,
-        "mechanisms": ledger.mechanisms(),
-        "dp_event": accounting.event_to_json(ledger.event()),
-        "seed": "fixed by --seed (reproducible run, not for production)" if seed_fixed
-                else "OS secure randomness",
-        "trust_model": report.TRUST_MODEL,
-    }
+    from beam_dp import report
+    return report.release_report(ledger, delta, seed_fixed, **fields)
 
 
 def _train(args, beam_args: list[str]) -> int:
-    from beam_dp import accounting, data, features as feature_maps, losses, mechanisms, report
-    from beam_dp.algorithms import dp_ambssgd, dpsgd_f, noisy_gd, ssp
+    from beam_dp import api, data, report
+    from beam_dp.algorithms import registry
 
-    loss = losses.make_loss(args.model, args.num_classes, args.huber_delta)
-    # dp-ambssgd: the paper's Theta(1/||H||) step, 1 on standardized features (0.5 leaves a bias
-    # floor of ~1e-5 after 12 blocks; see the regression benchmark).
-    default_rate = {"dpgd": 1.0, "dp-ambssgd": 1.0}.get(args.algorithm, 2.0)
-    config = noisy_gd.NoisyGDConfig(
-        algorithm=args.algorithm if args.algorithm in noisy_gd.ALGORITHMS else "dpsgd",
-        clip_norm=args.clip_norm,
-        learning_rate=args.learning_rate if args.learning_rate is not None else default_rate,
-        batch_size=args.batch_size, epochs=args.epochs, steps=args.steps, epsilon=args.epsilon,
+    chosen = registry.get(args.algorithm)
+    options = {f.name: getattr(args, f.name) for f in dataclasses.fields(chosen.options)}
+    # Refuse a bad --output before any work (and again when writing).
+    report.check_output_directory(args.output, args.overwrite)
+    validation_files = data.list_files(args.validation) if args.validation else []
+    with warnings.catch_warnings():   # printed below as one line, not as Python's warning
+        warnings.simplefilter("ignore", api.PrivacyWarning)
+        model = _train_model(api, args, beam_args, options)
+    for warning in model.privacy_report.get("warnings", []):
+        print(f"beam-dp: warning: {warning}", file=sys.stderr)
+    metrics = None
+    if validation_files:
+        open_file = data.open_local if args.runner == "local" else _beam_open_file()
+        blocks = (model.feature_map(b) for f in validation_files for b in data.blocks_from_file(
+            f, args.label_column, model.feature_columns, model.loss, args.batch_rows, open_file))
+        metrics = report.evaluate(model.loss, model.theta, blocks)
+        metrics["covered_by_privacy_guarantee"] = False
+        metrics["note"] = "computed on the validation data without noise; not differentially private"
+    with report.atomic_directory(args.output, args.overwrite) as out:
+        report.write_json(out, "model.json", model.artifact)
+        report.write_json(out, "privacy_report.json", model.privacy_report)
+        if metrics is not None:
+            report.write_json(out, "metrics.json", metrics)
+    print(f"trained {args.model} with {args.algorithm}: epsilon={model.epsilon:.4g}, "
+          f"delta={args.delta:g}; wrote {args.output}")
+    return 0
+
+
+def _train_model(api, args, beam_args, options):
+    return api.train(
+        input=args.input, algorithm=args.algorithm, model=args.model, epsilon=args.epsilon,
         delta=args.delta, noise_multiplier=args.noise_multiplier, accountant=args.accountant,
         num_examples=args.num_examples, count_epsilon=args.count_epsilon,
-        average_iterates=args.average_iterates, fit_intercept=args.fit_intercept,
-        steps_per_chunk=args.steps_per_pipeline, rank=args.rank, max_steps=args.max_steps)
-    config.validate()
-    if args.algorithm in ("dp-ambssgd", "ssp") and args.checkpoint_dir:
-        raise ValueError(f"--checkpoint-dir is not supported by {args.algorithm} (one pass)")
-    f_config = None
-    if args.algorithm == "dpsgd-f":
-        f_config = dpsgd_f.DpsgdFConfig(args.dpsgd_f_variant, args.preprocess_epsilon,
-                                        args.feature_norm if args.feature_norm is not None else 1.0)
-        f_config.validate()
-    elif args.feature_norm is not None and args.algorithm not in ("ssp",) and not args.feature_norm > 0:
-        raise ValueError("--feature-norm must be positive")
-    validation_files = data.list_files(args.validation) if args.validation else []
-    features, aggregator, open_file = _input(args, beam_args, loss, args.label_column)
+        num_classes=args.num_classes, huber_delta=args.huber_delta,
+        fit_intercept=args.fit_intercept, label_column=args.label_column,
+        feature_columns=args.feature_columns, runner=args.runner, pipeline_args=beam_args,
+        batch_rows=args.batch_rows, seed=args.seed, steps_per_pipeline=args.steps_per_pipeline,
+        checkpoint_dir=args.checkpoint_dir, progress=_progress_callback(), **options)
 
-    seed = args.seed if args.seed is not None else mechanisms.secure_seed()
-    # The per-example map that the model expects of raw features (applied again by `predict`).
-    if args.algorithm in ("dp-ambssgd", "ssp"):
-        feature_transform = None
-    elif f_config is not None and f_config.variant == "theory":
-        feature_transform = {"clip_rows": f_config.feature_norm}
-    elif args.feature_norm is not None:
-        feature_transform = {"normalize_rows": args.feature_norm}
-    else:
-        feature_transform = None
-    with report.atomic_directory(args.output, args.overwrite) as out:
-        ledger = accounting.Ledger(args.accountant, accounting.ADD_REMOVE)
-        if args.algorithm == "dp-ambssgd":
-            result = dp_ambssgd.train(config, dp_ambssgd.AmbssgdConfig(
-                args.blocks, args.stat_fraction, args.expected_feature_norm, args.residual_bound),
-                loss, len(features), aggregator, seed, ledger, _progress_callback())
-        elif args.algorithm == "ssp":
-            result = ssp.train(config, ssp.SspConfig(args.feature_norm, args.label_bound, args.ridge),
-                               loss, len(features), aggregator, seed, ledger)
-        elif f_config is not None:
-            result = dpsgd_f.train(config, f_config, loss, len(features), aggregator, seed, ledger,
-                                   _progress_callback(), args.checkpoint_dir)
-        else:
-            normalize = (feature_maps.NormalizeRows(args.feature_norm)
-                         if args.feature_norm is not None else None)
-            result = noisy_gd.train(config, loss, len(features), aggregator, seed, ledger,
-                                    _progress_callback(), args.checkpoint_dir,
-                                    make_transform=(lambda pre: normalize) if normalize else None)
 
-        artifact = report.model_artifact(loss, result.theta, features, args.label_column,
-                                         args.algorithm, args.fit_intercept, feature_transform)
-        report.write_json(out, "model.json", artifact)
-        privacy = _privacy_report(
-            ledger, args.delta, args.seed is not None,
-            requested_epsilon=args.epsilon,
-            algorithm=args.algorithm if f_config is None else f"dpsgd-f ({f_config.variant})",
-            noise_multiplier=result.noise_multiplier,
-            sampling_probability=result.sampling_probability,
-            sampling={"dp-ambssgd": "one pass over disjoint blocks (data-independent assignment)",
-                      "ssp": "one pass (sufficient statistics)"}.get(
-                args.algorithm, "Poisson" if result.sampling_probability < 1 else "full batch"),
-            steps=result.steps,
-            clip_norm=result.clip_norm,
-            expected_batch_size=result.preprocessing.get(
-                "batch_size", result.sampling_probability * result.dataset_size["value"]),
-            dataset_size=result.dataset_size,
-            # dpsgd-f: the private preprocessing releases; dp-ambssgd / ssp: their public plan
-            # and released ridge.
-            **{"preprocessing" if f_config is not None else "algorithm_parameters": result.preprocessing},
-            hyperparameters="public inputs; not privately tuned")
-        report.write_json(out, "privacy_report.json", privacy)
-        if validation_files:
-            loss_v, theta_v, _ = report.load_model_dict(artifact)
-            blocks = (b for f in validation_files for b in data.blocks_from_file(
-                f, args.label_column, features, loss, args.batch_rows, open_file))
-            metrics = report.evaluate(loss_v, theta_v, map(report.feature_map(artifact), blocks))
-            metrics["covered_by_privacy_guarantee"] = False
-            metrics["note"] = "computed on the validation data without noise; not differentially private"
-            report.write_json(out, "metrics.json", metrics)
-    print(f"trained {args.model} with {args.algorithm}: epsilon={privacy['epsilon']:.4g}, "
-          f"delta={args.delta:g}; wrote {args.output}")
+def _beam_open_file():
+    from beam_dp.beam.transforms import open_file
+    return open_file
+
+
+def _algorithms() -> int:
+    from beam_dp.algorithms import registry
+
+    for algorithm in registry.algorithms().values():
+        print(f"{algorithm.name}: {algorithm.use_when}")
+        print(f"  models: {', '.join(algorithm.models)}; guarantee for {algorithm.relation} "
+              f"neighbouring datasets")
+        for flag, default, text in registry.describe(algorithm.options):
+            print(f"  {flag:<26} {text.replace('%%', '%')} (default: {default})")
+        print()
     return 0
 
 
@@ -357,49 +456,35 @@ def _stats(args, beam_args: list[str]) -> int:
         ledger = accounting.Ledger(args.accountant, accounting.ADD_REMOVE)
         stats.record_releases(stages, ledger)
         state = aggregator.run_stages(stages, {"n": args.num_examples} if args.num_examples else {})
-        column_qs = sorted(set(args.quantiles) | {0.05, 0.95})
-        norm_qs = sorted(set(args.quantiles))
-        summary = {
-            "count": state["n"],
-            "count_source": "public (--num-examples)" if args.num_examples else "private estimate: Laplace count",
-            "columns": {name: {"mean": float(state["column_means"][j]),
-                               "quantiles": {str(q): float(state["column_quantiles"][j, i])
-                                             for i, q in enumerate(column_qs)}}
-                        for j, name in enumerate(features)},
-            "feature_norm_quantiles": {str(q): float(state["norm_quantiles"][0, i])
-                                       for i, q in enumerate(norm_qs)},
-            "quantile_rank_error_95": {
-                release["name"] + label:
-                    stats.quantile_rank_error_bound(release["grid_size"], release["epsilon"], 0.05)
-                for label, release in zip((" (columns)", " (norms)"),
-                                          [r for r in ledger.mechanisms()
-                                           if r["name"] == "exponential_mechanism_quantile"])},
-            "notes": ("Quantiles are grid points of a symmetric log grid over +-value_bound "
-                      "(relative resolution about 1.8%), chosen by the exponential mechanism: with "
-                      "probability 0.95 each one's rank is within quantile_rank_error_95 examples "
-                      "of its target. Means are of values clipped to the private 5th and 95th "
-                      "percentiles."),
-            "privacy": _privacy_report(ledger, args.delta, args.seed is not None,
-                                       requested_epsilon=args.epsilon, value_bound=args.value_bound),
-        }
+        summary = stats.summary(state, stages, features,
+                                "public (--num-examples)" if args.num_examples
+                                else "private estimate: Laplace count")
+        summary["privacy"] = _privacy_report(ledger, args.delta, args.seed is not None,
+                                             requested_epsilon=args.epsilon,
+                                             value_bound=args.value_bound)
         report.write_json(out, "stats_report.json", summary)
+    for warning in summary["warnings"]:     # public bounds only, never a data value
+        print(f"beam-dp: warning: {warning}", file=sys.stderr)
     print(f"private statistics of {len(features)} columns: epsilon={summary['privacy']['epsilon']:.4g}, "
           f"delta={args.delta:g}; wrote {args.output}")
     return 0
 
 
 def _predict(args) -> int:
-    from beam_dp import data, losses, report
+    import pyarrow as pa
 
-    loss, theta, artifact = report.load_model(args.model)
-    feature_map = report.feature_map(artifact)
+    from beam_dp import api, data, report
+
+    report.check_output_file(args.output, args.overwrite)
+    model = api.Model.load(args.model)
+    files = sorted({f for pattern in args.input for f in data.list_files(pattern)})
     predictions, probabilities = [], []
-    for path in data.list_files(args.input):
-        for block in data.blocks_from_file(path, None, artifact["feature_columns"], loss, args.batch_rows):
-            s = losses.scores(theta, feature_map(block).features)
-            predictions.append(loss.predict(s))
-            if loss.name == "logistic":
-                probabilities.append(losses.expit(s[:, 0]))
+    for path in files:
+        for block in data.blocks_from_file(path, None, model.feature_columns, model.loss, args.batch_rows):
+            s = model.block_scores(block)
+            predictions.append(model.loss.predict(s))
+            if model.loss.name == "logistic":
+                probabilities.append(api.losses.expit(s[:, 0]))
     columns = {"prediction": np.concatenate(predictions)}
     if probabilities:
         columns["probability"] = np.concatenate(probabilities)
@@ -409,6 +494,9 @@ def _predict(args) -> int:
     try:
         data.write_table(tmp, columns)
         os.replace(tmp, args.output)
+    except (OSError, pa.ArrowException) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
+        raise ValueError(f"cannot write {args.output}: {reason}") from None
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)

@@ -9,21 +9,15 @@ import dataclasses
 
 import numpy as np
 
+from beam_dp import clipping
 from beam_dp.data import Block
 
 
-def _row_scale(sq_norms: np.ndarray, target: float, only_shrink: bool) -> np.ndarray:
-    norms = np.sqrt(sq_norms)
-    scale = target / np.maximum(norms, np.finfo(float).tiny)
-    if only_shrink:
-        scale = np.minimum(1.0, scale)
-    return np.where(norms > 0, scale, 1.0)
-
-
 def _scale_rows(block: Block, target: float, only_shrink: bool) -> Block:
-    scale = _row_scale(block.sq_norms, target, only_shrink)
-    return Block(block.features * scale[:, None], block.labels, block.source, block.row_start,
-                 block.sq_norms * scale ** 2, block.tag)
+    # Overflow-safe (clipping.scale_rows): a row of 1e200 comes out with norm ``target``, not as
+    # zeros or NaN, and nothing is printed.
+    features, sq_norms = clipping.scale_rows(block.features, target, only_shrink, block.sq_norms)
+    return Block(features, block.labels, block.source, block.row_start, sq_norms, block.tag)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +47,9 @@ class Center:
     mean: tuple
 
     def __call__(self, block: Block) -> Block:
-        return Block(block.features - np.asarray(self.mean), block.labels, block.source, block.row_start)
+        # Saturating: a difference beyond the float range stays finite (+-float max).
+        return Block(clipping.saturating_difference(block.features, np.asarray(self.mean)),
+                     block.labels, block.source, block.row_start)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,12 +61,10 @@ class CenterAugmentClip:
     tau: float
 
     def __call__(self, block: Block) -> Block:
-        centered = block.features - np.asarray(self.mean)
+        centered = clipping.saturating_difference(block.features, np.asarray(self.mean))
         augmented = np.column_stack([centered, np.full(len(block), self.tau)])
-        sq = np.einsum("ij,ij->i", centered, centered) + self.tau ** 2
-        scale = _row_scale(sq, np.sqrt(2.0) * self.tau, only_shrink=True)
-        return Block(augmented * scale[:, None], block.labels, block.source, block.row_start,
-                     sq * scale ** 2)
+        out, sq = clipping.scale_rows(augmented, np.sqrt(2.0) * self.tau, only_shrink=True)
+        return Block(out, block.labels, block.source, block.row_start, sq)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,3 +77,29 @@ class Chain:
         for step in self.steps:
             block = step(block)
         return block
+
+
+# The maps a model can record in model.json ("feature_transform") and predict applies again.
+# Training returns the transform object it applied; its spec is derived from that object, never
+# from which flags were typed, so training and serving cannot disagree.
+_RECORDABLE = {"normalize_rows": NormalizeRows, "clip_rows": ClipRows}
+
+
+def spec(transform) -> dict | None:
+    """The model.json form of a raw-feature map (None for the identity)."""
+    if transform is None:
+        return None
+    for name, cls in _RECORDABLE.items():
+        if type(transform) is cls:
+            return {name: float(transform.norm)}
+    raise ValueError(f"{type(transform).__name__} cannot be recorded in a model")
+
+
+def from_spec(recorded: dict | None):
+    """The map a recorded spec names (the identity for None or {})."""
+    if not recorded:
+        return lambda block: block
+    (name, norm), = recorded.items()
+    if name not in _RECORDABLE:
+        raise ValueError(f"unknown feature_transform {name!r} in the model")
+    return _RECORDABLE[name](float(norm))

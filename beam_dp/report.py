@@ -42,12 +42,31 @@ def model_artifact(loss: losses_mod.GlmLoss, theta: np.ndarray, feature_columns,
     return artifact
 
 
-def load_model(path: str) -> tuple[losses_mod.GlmLoss, np.ndarray, dict]:
-    """Reads model.json (or a directory holding one); returns the loss, theta (k, d+1), artifact."""
+def read_json(path: str) -> dict:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise ValueError(f"{path}: not found") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: cannot read ({type(e).__name__})") from None
+
+
+def read_model(path: str) -> dict:
+    """The artifact of model.json (or of a directory holding one), with a one-line error when it
+    is missing or not a model."""
     if os.path.isdir(path):
         path = os.path.join(path, "model.json")
-    with open(path) as f:
-        return load_model_dict(json.load(f))
+    artifact = read_json(path)
+    missing = [k for k in ("model", "feature_columns", "coefficients", "intercept") if k not in artifact]
+    if missing:
+        raise ValueError(f"{path}: not a beam-dp model (missing {', '.join(missing)})")
+    return artifact
+
+
+def load_model(path: str) -> tuple[losses_mod.GlmLoss, np.ndarray, dict]:
+    """Reads model.json (or a directory holding one); returns the loss, theta (k, d+1), artifact."""
+    return load_model_dict(read_model(path))
 
 
 def load_model_dict(artifact: dict) -> tuple[losses_mod.GlmLoss, np.ndarray, dict]:
@@ -61,13 +80,49 @@ def load_model_dict(artifact: dict) -> tuple[losses_mod.GlmLoss, np.ndarray, dic
 def feature_map(artifact: dict):
     """The per-example map the model expects of raw feature blocks (identity when none)."""
     from beam_dp import features
+    return features.from_spec(artifact.get("feature_transform"))
 
-    spec = artifact.get("feature_transform") or {}
-    if "normalize_rows" in spec:
-        return features.NormalizeRows(float(spec["normalize_rows"]))
-    if "clip_rows" in spec:
-        return features.ClipRows(float(spec["clip_rows"]))
-    return lambda block: block
+
+def release_report(ledger, delta: float, seed_fixed: bool, **fields) -> dict:
+    """The privacy report of a job's releases: epsilon from the accountant over the whole ledger,
+    the mechanisms, the composed DpEvent, how the seed was chosen and the trust model."""
+    from beam_dp import accounting
+
+    return {
+        "epsilon": ledger.epsilon(delta),
+        "delta": delta,
+        "accountant": ledger.accountant,
+        "neighbouring": ledger.neighbouring,
+        **fields,
+        "mechanisms": ledger.mechanisms(),
+        "dp_event": accounting.event_to_json(ledger.event()),
+        # What the accountant had to approximate (always in the pessimistic direction).
+        "accounting_notes": list(ledger.notes),
+        "seed": "fixed by --seed (reproducible run, not for production)" if seed_fixed
+                else "OS secure randomness",
+        "trust_model": TRUST_MODEL,
+    }
+
+
+def privacy_report(ledger, privacy, result, algorithm, options, seed_fixed: bool) -> dict:
+    """The training run's report, from the ledger and what the algorithm returned."""
+    import dataclasses
+
+    variant = getattr(options, "variant", None)
+    return release_report(
+        ledger, privacy.delta, seed_fixed,
+        requested_epsilon=privacy.epsilon,
+        algorithm=algorithm.name if variant is None else f"{algorithm.name} ({variant})",
+        noise_multiplier=result.noise_multiplier,
+        sampling_probability=result.sampling_probability,
+        sampling=result.sampling,
+        steps=result.steps,
+        clip_norm=result.clip_norm,
+        expected_batch_size=result.expected_batch_size,
+        dataset_size=result.dataset_size,
+        **{result.details_name: result.preprocessing},
+        hyperparameters={"status": "public inputs; not privately tuned",
+                         "values": dataclasses.asdict(options)})
 
 
 def evaluate(loss: losses_mod.GlmLoss, theta: np.ndarray, blocks) -> dict:
@@ -90,18 +145,57 @@ def evaluate(loss: losses_mod.GlmLoss, theta: np.ndarray, blocks) -> dict:
     return metrics
 
 
+MARKER = ".beam-dp-output.json"   # in every directory beam-dp writes: what it wrote there
+
+
+def _refuse(path: str, why: str) -> FileExistsError:
+    return FileExistsError(f"{path} {why}; nothing was replaced or deleted")
+
+
+def check_output_directory(path: str, overwrite: bool) -> None:
+    """Refuses, before any work, an output that exists, unless ``overwrite`` is set and it is a
+    directory beam-dp wrote holding only what beam-dp wrote there (its marker lists that). A
+    file, a device, a link or a directory with anything else is never replaced."""
+    path = os.path.abspath(path)
+    if not os.path.lexists(path):
+        parent = os.path.dirname(path)
+        while not os.path.exists(parent):
+            parent = os.path.dirname(parent)
+        if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+            raise PermissionError(f"cannot write {path}: {parent} is not a writable directory")
+        return
+    if not overwrite:
+        raise FileExistsError(f"{path} already exists (pass --overwrite to replace a directory "
+                              "beam-dp wrote)")
+    if os.path.islink(path) or not os.path.isdir(path):
+        raise _refuse(path, "is not a directory beam-dp wrote (--overwrite replaces only those)")
+    try:
+        with open(os.path.join(path, MARKER)) as f:
+            written = set(json.load(f)["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise _refuse(path, f"has no {MARKER} marker, so beam-dp did not write it "
+                            "(--overwrite replaces only directories beam-dp wrote)") from None
+    foreign = set(os.listdir(path)) - written - {MARKER}
+    if foreign:
+        raise _refuse(path, f"holds {len(foreign)} file(s) beam-dp did not write there "
+                            "(move them away first)")
+
+
 @contextlib.contextmanager
 def atomic_directory(path: str, overwrite: bool = False):
     """Yields a temporary directory beside ``path`` and renames it to ``path`` only when the block
-    succeeds, so a failed job leaves no partial output."""
+    succeeds, so a failed job leaves no partial output. The directory gets a marker listing what
+    was written, which is what ``--overwrite`` later checks (``check_output_directory``)."""
     path = os.path.abspath(path)
-    if os.path.exists(path) and not overwrite:
-        raise FileExistsError(f"{path} already exists (pass --overwrite to replace it)")
+    check_output_directory(path, overwrite)
     parent = os.path.dirname(path)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=parent)
     try:
         yield tmp
+        with open(os.path.join(tmp, MARKER), "w") as f:
+            json.dump({"written_by": "beam-dp", "files": sorted(os.listdir(tmp))}, f)
+        check_output_directory(path, overwrite)   # again: it may have changed meanwhile
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -112,6 +206,30 @@ def atomic_directory(path: str, overwrite: bool = False):
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, path)
+
+
+PREDICTION_COLUMNS = ("prediction", "probability")
+
+
+def check_output_file(path: str, overwrite: bool) -> None:
+    """For ``predict --output``: an existing file is replaced only with ``overwrite`` and only if
+    it is a predictions file beam-dp wrote (a regular file whose columns are exactly ours)."""
+    path = os.path.abspath(path)
+    if not os.path.lexists(path):
+        check_output_directory(path, False)   # the parent must be writable
+        return
+    if not overwrite:
+        raise FileExistsError(f"{path} already exists (pass --overwrite to replace a predictions "
+                              "file beam-dp wrote)")
+    if os.path.islink(path) or not os.path.isfile(path):
+        raise _refuse(path, "is not a regular file")
+    from beam_dp import data
+    try:
+        columns = data.read_schema(path).names
+    except data.DataError:
+        columns = None
+    if not columns or not set(columns) <= set(PREDICTION_COLUMNS) or columns[0] != "prediction":
+        raise _refuse(path, "is not a predictions file beam-dp wrote")
 
 
 def write_json(directory: str, name: str, value: dict) -> None:

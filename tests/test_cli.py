@@ -34,8 +34,9 @@ BEAM_DP = os.path.join(os.path.dirname(sys.executable), "beam-dp")
 BEAM = ["--runner", "FnApiRunner"]
 LOCAL = ["--runner", "local"]
 # Small and fast: 5 steps in chunks of 2, so three chunks (three pipelines on Beam) run.
-FAST = ["--noise-multiplier", "1.2", "--steps", "5", "--steps-per-pipeline", "2",
-        "--batch-size", "300", "--batch-rows", "400"]
+FAST_ANY = ["--noise-multiplier", "1.2", "--steps", "5", "--steps-per-pipeline", "2",
+            "--batch-rows", "400"]
+FAST = [*FAST_ANY, "--algorithm", "dpsgd", "--batch-size", "300"]
 
 
 def train_args(data, output, *extra):
@@ -65,7 +66,7 @@ def test_make_data_then_train_local_writes_the_artifacts(tmp_path, cli):
             "--shards", 3)
     assert r.code == 0, r
     assert sorted(os.listdir(data_dir)) == [
-        "train-00000-of-00003.parquet", "train-00001-of-00003.parquet",
+        report.MARKER, "train-00000-of-00003.parquet", "train-00001-of-00003.parquet",
         "train-00002-of-00003.parquet", "validation-00000-of-00001.parquet"]
     assert sum(pq.read_metadata(data_dir / f"train-0000{i}-of-00003.parquet").num_rows
                for i in range(3)) == 3000
@@ -74,7 +75,7 @@ def test_make_data_then_train_local_writes_the_artifacts(tmp_path, cli):
     r = cli("train", "--input", data_dir / "train-*.parquet", "--validation",
             data_dir / "validation-*.parquet", "--output", out, *LOCAL, *FAST, "--seed", 3)
     assert r.code == 0, r
-    assert sorted(os.listdir(out)) == ["metrics.json", "model.json", "privacy_report.json"]
+    assert sorted(os.listdir(out)) == [report.MARKER, "metrics.json", "model.json", "privacy_report.json"]
 
     model = read_json(out / "model.json")
     assert model["model"] == "logistic"
@@ -104,7 +105,7 @@ def test_make_data_then_train_local_writes_the_artifacts(tmp_path, cli):
     ("multiclass", "softmax", ["--num-classes", "3"], (3, 5), "accuracy"),
     ("binary", "hinge", [], (5,), "accuracy"),
     ("regression", "linear", ["--no-intercept"], (5,), "rmse"),
-    ("regression", "huber", ["--huber-delta", "0.5", "--algorithm", "dpgd"], (5,), "rmse"),
+    ("regression", "huber", ["--huber-delta", "0.5"], (5,), "rmse"),
 ])
 def test_every_model_trains_from_csv(tmp_path, cli, task, model, extra, coef_shape, metric):
     data_dir = tmp_path / "data"
@@ -157,7 +158,8 @@ def test_report_epsilon_recomputed_independently(tmp_path, cli, small_binary, ac
     extra = ["--num-examples", num_examples] if num_examples else []
     out = tmp_path / "out"
     r = cli(*train_args(small_binary, out, *LOCAL, "--epsilon", 1.0, "--delta", 1e-6,
-                        "--accountant", accountant, "--steps", 5, "--batch-size", 300,
+                        "--accountant", accountant, "--steps", 5, "--algorithm", "dpsgd",
+                        "--batch-size", 300,
                         "--seed", 2, *extra))
     assert r.code == 0, r
     privacy = read_json(out / "privacy_report.json")
@@ -186,7 +188,8 @@ def test_report_epsilon_recomputed_independently(tmp_path, cli, small_binary, ac
 
 @pytest.mark.parametrize("algorithm", ["dpsgd", "dpgd"])
 def test_local_and_beam_runners_agree(tmp_path, cli, small_binary, algorithm):
-    common = [*FAST, "--algorithm", algorithm, "--seed", 20240601, "--validation",
+    fast = FAST if algorithm == "dpsgd" else [*FAST_ANY, "--algorithm", algorithm]
+    common = [*fast, "--seed", 20240601, "--validation",
               small_binary["validation_glob"]]
     assert cli(*train_args(small_binary, tmp_path / "local", *LOCAL, *common)).code == 0
     assert cli(*train_args(small_binary, tmp_path / "beam", *BEAM, *common)).code == 0
@@ -239,7 +242,8 @@ def test_bad_input_fails_cleanly(tmp_path, cli, small_binary, runner, kind):
     # the step it was running, "[while running '...']", after it.)
     expected = f"beam-dp: error: {bad_file}, row {row}: "
     assert lines[0].startswith(expected), lines[0]
-    assert ("feature 'f2'" if kind == "nan" else "label 2.0 does not fit") in lines[0]
+    assert ("feature 'f2'" if kind == "nan" else "column 'label': label does not fit") in lines[0]
+    assert "2.0" not in lines[0]   # never a data value
     assert "beam-dp input error" not in lines[0]
     assert not out.exists()
     _no_temporary_leftovers(tmp_path)
@@ -343,19 +347,72 @@ def test_predict_other_models(tmp_path, cli, model, num_classes):
 
 def test_existing_output_is_left_untouched_without_overwrite(tmp_path, cli, small_binary):
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "keep.txt").write_text("precious")
+    r = cli(*train_args(small_binary, out, *LOCAL, *FAST))
+    assert r.code == 0, r
+    before = (out / "model.json").read_text()
     r = cli(*train_args(small_binary, out, *LOCAL, *FAST))
     assert r.code == 2
     (line,) = r.err.splitlines()
     assert line.startswith("beam-dp: error: ") and str(out) in line and "--overwrite" in line
-    assert os.listdir(out) == ["keep.txt"] and (out / "keep.txt").read_text() == "precious"
+    assert (out / "model.json").read_text() == before
     _no_temporary_leftovers(tmp_path)
 
+    # A directory beam-dp wrote is replaced with --overwrite.
     r = cli(*train_args(small_binary, out, *LOCAL, *FAST, "--overwrite"))
     assert r.code == 0, r
-    assert sorted(os.listdir(out)) == ["model.json", "privacy_report.json"]
+    assert sorted(os.listdir(out)) == [report.MARKER, "model.json", "privacy_report.json"]
     _no_temporary_leftovers(tmp_path)
+
+
+def _tree(path):
+    return sorted((os.path.relpath(os.path.join(d, f), path), open(os.path.join(d, f), "rb").read())
+                  for d, _, files in os.walk(path) for f in files)
+
+
+@pytest.mark.parametrize("target", ["foreign_directory", "mixed_directory", "data_file",
+                                    "empty_directory", "device", "link"])
+def test_overwrite_replaces_only_what_beam_dp_wrote(tmp_path, cli, small_binary, target):
+    """--overwrite on a user's file, a directory holding a user's file, or a device is refused
+    and nothing is deleted (issue 8, item 10)."""
+    out = tmp_path / "out"
+    if target == "foreign_directory":
+        out.mkdir()
+        (out / "keep.txt").write_text("precious")
+    elif target == "mixed_directory":   # beam-dp's output plus a file the user put there
+        assert cli(*train_args(small_binary, out, *LOCAL, *FAST)).code == 0
+        (out / "notes.txt").write_text("mine")
+    elif target == "data_file":
+        out = tmp_path / "good.csv"
+        out.write_text("a,b\n1,2\n")
+    elif target == "empty_directory":
+        out.mkdir()
+    elif target == "link":
+        (tmp_path / "real").mkdir()
+        (tmp_path / "real" / "keep.txt").write_text("precious")
+        out.symlink_to(tmp_path / "real")
+    else:
+        out = "/dev/null"
+    before = _tree(tmp_path)
+    r = cli(*train_args(small_binary, out, *LOCAL, *FAST, "--overwrite"))
+    assert r.code == 2, r
+    (line,) = r.err.splitlines()
+    assert line.startswith("beam-dp: error: ") and "nothing was replaced or deleted" in line
+    assert _tree(tmp_path) == before
+    assert os.path.exists("/dev/null") and not os.path.isdir("/dev/null")
+
+
+def test_overwrite_refused_before_training(tmp_path, cli, small_binary, monkeypatch):
+    """The output is checked before any data is read."""
+    from beam_dp import local
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("training ran although the output is refused")
+
+    monkeypatch.setattr(local.LocalAggregator, "run_stages", refuse)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("precious")
+    assert cli(*train_args(small_binary, out, *LOCAL, *FAST, "--overwrite")).code == 2
 
 
 # ---------------------------------------------------------------------------- g. checkpoints
@@ -410,8 +467,10 @@ def test_checkpoint_resume_after_an_interruption(tmp_path, cli, small_binary, mo
         return original(self, stages, state)
 
     monkeypatch.setattr(local.LocalAggregator, "run_stages", fail_on_second_chunk)
-    with pytest.raises(KeyboardInterrupt):
-        cli(*train_args(small_binary, tmp_path / "out", *args, "--checkpoint-dir", ckpt))
+    r = cli(*train_args(small_binary, tmp_path / "out", *args, "--checkpoint-dir", ckpt))
+    assert r.code == 130
+    (line,) = r.err.splitlines()   # one line, no traceback
+    assert "interrupted" in line and "rerun the same command to resume" in line and str(ckpt) in line
     assert not (tmp_path / "out").exists()
     with np.load(ckpt / "state.npz") as z:
         assert int(z["step"]) == 2
@@ -429,8 +488,8 @@ def test_checkpoint_resume_after_an_interruption(tmp_path, cli, small_binary, mo
 
 def test_checkpoint_of_another_configuration_is_refused(tmp_path, cli, small_binary):
     ckpt = tmp_path / "ckpt"
-    base = [*LOCAL, "--noise-multiplier", "1.2", "--steps-per-pipeline", "2", "--batch-size",
-            "300", "--seed", "5", "--checkpoint-dir", ckpt]
+    base = [*LOCAL, "--noise-multiplier", "1.2", "--steps-per-pipeline", "2", "--algorithm",
+            "dpsgd", "--batch-size", "300", "--seed", "5", "--checkpoint-dir", ckpt]
     assert cli(*train_args(small_binary, tmp_path / "a", *base, "--steps", 2)).code == 0
     r = cli(*train_args(small_binary, tmp_path / "b", *base, "--steps", 3))
     assert r.code == 2
@@ -502,13 +561,14 @@ def test_local_and_beam_runners_agree_on_gzipped_csv_softmax(tmp_path, cli):
     data_dir = tmp_path / "data"
     assert cli("make-data", "--output", data_dir, "--task", "multiclass", "--num-classes", 4,
                "--n", 2400, "--d", 5, "--validation-n", 0, "--shards", 2, "--format", "csv").code == 0
-    for name in os.listdir(data_dir):
+    for name in [n for n in os.listdir(data_dir) if n.endswith(".csv")]:
         with open(data_dir / name, "rb") as src, gzip.open(data_dir / f"{name}.gz", "wb") as dst:
             shutil.copyfileobj(src, dst)
         os.remove(data_dir / name)
     common = ["--input", data_dir / "train-*.csv.gz", "--model", "softmax", "--num-classes", 4,
               "--no-intercept", "--accountant", "rdp", "--epsilon", 2, "--steps", 7,
-              "--steps-per-pipeline", 3, "--batch-size", 200, "--batch-rows", 250, "--seed", 77]
+              "--steps-per-pipeline", 3, "--algorithm", "dpsgd", "--batch-size", 200,
+              "--batch-rows", 250, "--seed", 77]
     assert cli("train", "--output", tmp_path / "local", *LOCAL, *common).code == 0
     assert cli("train", "--output", tmp_path / "beam", *BEAM, *common).code == 0
     local, beam = model_theta(tmp_path / "local"), model_theta(tmp_path / "beam")

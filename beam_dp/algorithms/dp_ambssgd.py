@@ -36,9 +36,11 @@ from typing import Callable
 import numpy as np
 from dp_accounting import dp_event as events
 
-from beam_dp import accounting, mechanisms
+from beam_dp import accounting, clipping, mechanisms
+from beam_dp.algorithms import registry
 from beam_dp.algorithms.base import TrainState, run_chunks
-from beam_dp.algorithms.noisy_gd import NoisyGDConfig, TrainResult, release_dataset_size
+from beam_dp.algorithms.noisy_gd import NoisyGDConfig, TrainResult, core_config, release_dataset_size
+from beam_dp.algorithms.registry import Algorithm, Problem, option
 from beam_dp.data import Block
 from beam_dp.losses import GlmLoss, scores
 
@@ -47,21 +49,22 @@ STAT, GRAD = 0, 1
 
 @dataclasses.dataclass
 class AmbssgdConfig:
-    blocks: int = 12                      # T
-    stat_fraction: float = 1.0 / 11.0     # s / (b + s): the paper's s = b / 10
-    expected_feature_norm: float | None = None  # R_x; default sqrt(d) (standardized features)
-    residual_bound: float = 1e4           # B: the largest residual scale DP-STAT searches
-    failure_probability: float = 0.01     # beta of the robust stopping rule
+    blocks: int = option(12, "T: the data is split into T disjoint blocks, one step each", low=2)
+    stat_fraction: float = option(1.0 / 11.0, "share of each block used for the clip statistics "
+                                              "(s / (b + s); the paper's s = b / 10)",
+                                  low=0, low_open=True, high=0.5)
+    expected_feature_norm: float | None = option(
+        None, "R_x: the clip norm is R_x times the private residual scale; default sqrt(d) "
+              "(standardized features)", low=0, low_open=True)
+    residual_bound: float = option(1e4, "B: the largest residual scale the clip search considers",
+                                   low=0, low_open=True)
+    failure_probability: float = option(0.01, "beta of the search's robust stopping rule",
+                                        low=0, low_open=True, high=0.5)
+    learning_rate: float = option(1.0, "step size; 1 is the paper's 1/||H|| for standardized "
+                                       "features", low=0, low_open=True)
 
     def validate(self) -> None:
-        if self.blocks < 2:
-            raise ValueError("--blocks must be at least 2")
-        if not 0.0 < self.stat_fraction < 1.0:
-            raise ValueError("--stat-fraction must be in (0, 1)")
-        if not self.residual_bound > 0:
-            raise ValueError("--residual-bound must be positive")
-        if self.expected_feature_norm is not None and not self.expected_feature_norm > 0:
-            raise ValueError("--expected-feature-norm must be positive")
+        registry.validate(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,21 +117,22 @@ class AmbssgdStep:
         out = np.zeros((self.levels + 1, self.dim + 2))
         if block.tag not in (2 * state.step + STAT, 2 * state.step + GRAD):
             return out.ravel()
-        residual = scores(state.theta, block.features)[:, 0] - block.labels
+        # Scores are never NaN (losses.scores); a residual beyond the float range is +-inf,
+        # silently: a huge feature value must not print a warning that reveals its row.
+        with np.errstate(over="ignore"):
+            residual = scores(state.theta, block.features)[:, 0] - block.labels
         if block.tag % 2 == STAT:
             # Histogram of |residual| over the doubling thresholds; overflow beyond the last
-            # threshold is dropped (it only lowers the cumulative counts).
+            # threshold (including inf) is dropped (it only lowers the cumulative counts).
             cells = np.searchsorted(self.thresholds(), np.abs(residual), side="left")
             out[:, 0] = np.bincount(cells, minlength=self.levels + 2)[:self.levels + 1]
         else:
-            # Clipped sums for every candidate clip norm at once: (L+1, m) factors times rows.
-            norms = np.abs(residual) * np.sqrt(block.sq_norms + 1.0)
+            # Clipped sums for every candidate clip norm at once: the residual is the squared
+            # loss's derivative, and clipping.clipped_outer_sums bounds each row's contribution
+            # by zeta exactly, also for rows whose norm or residual overflows.
             zetas = self.feature_norm * np.minimum(self.thresholds(), self.bound)
-            with np.errstate(divide="ignore"):
-                factors = np.minimum(1.0, zetas[:, None] / norms[None, :])
-            weighted = factors * residual[None, :]
-            out[:, 1:-1] = weighted @ block.features
-            out[:, -1] = weighted.sum(axis=1)
+            out[:, 1:] = clipping.clipped_outer_sums(residual[:, None], block.features,
+                                                     block.sq_norms, zetas, True)[:, 0, :]
         return out.ravel()
 
     def apply(self, state: TrainState, total: np.ndarray) -> TrainState:
@@ -200,6 +204,19 @@ def train(config: NoisyGDConfig, a_config: AmbssgdConfig, loss: GlmLoss, dim: in
                        lambda s, k: on_progress(s.step, T, epsilon))
     theta = state.theta_sum / (T // 2)
     return TrainResult(theta, ledger, sigma, 1.0, T, None, dataset_size,
-                       {"blocks": T, "stat_size": stat_size, "batch_size": batch_size,
+                       sampling="one pass over disjoint blocks (data-independent assignment)",
+                       expected_batch_size=batch_size, details_name="algorithm_parameters",
+                       preprocessing={"blocks": T, "stat_size": stat_size, "batch_size": batch_size,
                         "residual_levels": levels + 1, "residual_resolution": resolution,
                         "expected_feature_norm": step.feature_norm})
+
+
+def _train_registered(options: AmbssgdConfig, problem: Problem, aggregator, seed, ledger, progress):
+    return train(core_config("dpsgd", options, problem), options, problem.loss, problem.dim,
+                 aggregator, seed, ledger, progress)
+
+
+DP_AMBSSGD = Algorithm(
+    "dp-ambssgd", "linear regression on 100,000+ rows of standardized data: one pass, adaptive "
+                  "clipping; its error vanishes as the observation noise does (paper 003)",
+    ("linear",), AmbssgdConfig, _train_registered, checkpoints=False, no_intercept=False)

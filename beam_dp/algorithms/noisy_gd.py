@@ -12,7 +12,10 @@ Both are one driver because DP-GD is DP-SGD with q = 1; a separate module would 
 
 Neighbouring relation: add/remove one example. Under it the dataset size is private, so n (for
 q and the normalizer) is either given as public (``num_examples``) or estimated with a Laplace
-count that is recorded in the ledger and composed with the training steps.
+count that is recorded in the ledger and composed with the training steps. Every use of it is a
+smooth function of it that stays sane over the count's error range (``_plan``): the normalizer is
+q * max(n, floor) with floor the count's own error bound, so an undershooting count cannot blow
+up a step.
 """
 from __future__ import annotations
 
@@ -23,10 +26,11 @@ from typing import Callable
 import numpy as np
 from dp_accounting import dp_event as events
 
-from beam_dp import accounting, clipping, mechanisms
+from beam_dp import accounting, clipping, features, mechanisms
 from beam_dp.algorithms.base import (Aggregator, TrainState, load_checkpoint, run_chunks,
                                      save_checkpoint)
-from beam_dp.losses import GlmLoss
+from beam_dp.algorithms.registry import Algorithm, Problem, option
+from beam_dp.losses import MODEL_NAMES, GlmLoss
 from beam_dp.sampling import PoissonSampler
 
 ALGORITHMS = ("dpsgd", "dpgd")
@@ -50,7 +54,7 @@ class NoisyGDConfig:
     fit_intercept: bool = True
     steps_per_chunk: int = 25
     rank: int | None = None            # dpgd: public bound on the feature rank (default d + 1)
-    max_steps: int = 2000              # dpgd: cap on the rank-based number of steps
+    max_steps: int = 100               # dpgd: cap on the rank-based number of steps
 
     def validate(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -138,6 +142,14 @@ class TrainResult:
     clip_norm: float | None     # None where it is chosen privately per step (dp-ambssgd)
     dataset_size: dict          # how n was obtained, and the (public or noisy) value used
     preprocessing: dict         # public releases made before training (empty for dpsgd/dpgd)
+    sampling: str = ""          # how examples were chosen per step, for the report
+    expected_batch_size: float | None = None   # the public normalizer of a step's noisy sum
+    # The per-example map the model expects of raw features, as training applied it (recorded
+    # in model.json and applied again by predict), e.g. {"normalize_rows": 1.0}; None: identity.
+    feature_transform: dict | None = None
+    # Where the report puts ``preprocessing``: "preprocessing" (private releases before
+    # training) or "algorithm_parameters" (a one-pass algorithm's public plan).
+    details_name: str = "preprocessing"
 
 
 def _step_event(noise_multiplier: float, q: float) -> events.DpEvent:
@@ -149,18 +161,42 @@ def _step_release_name(q: float) -> str:
     return "gaussian_clipped_gradient_sum" if q >= 1.0 else "poisson_sampled_gaussian_clipped_gradient_sum"
 
 
+# The default budget of the private count, as a share of epsilon. Reconsidered with the plan
+# below: no use of the count is sensitive to its error beyond a proportional scale (q, the
+# normalizers, the dpgd step count), or at most logarithmically (DPSGD-F's failure
+# probabilities); quantile targets no longer read it. Its cost is small either way: calibrated
+# with PLD at epsilon 0.5-4, a 1% count raises the steps' noise multiplier by 0.1%, 2% by 0.25%
+# and 5% by 1.5%, while the count's error (scale 1/(share * epsilon)) is 100 rows at 1% and
+# epsilon 1, i.e. <= 1% of n from n = 10,000. So 1% stays the default.
+COUNT_SHARE = 0.01
+# The count's error bound used for the normalizer floor: P(count < n - t) = COUNT_FAILURE.
+COUNT_FAILURE = 0.01
+
+
 def release_dataset_size(config: NoisyGDConfig, aggregator: Aggregator, seed: int,
                          ledger: accounting.Ledger) -> dict:
-    """n for q and the normalizers: public (``num_examples``) or a Laplace count in the ledger."""
+    """n for q and the normalizers: public (``num_examples``) or a Laplace count in the ledger
+    (budget ``count_epsilon``, default COUNT_SHARE of epsilon, or 0.01 with a noise multiplier).
+
+    Besides the value (at least 1), the dict gives public facts about its error, all functions
+    of the count's budget only: the Laplace scale b, the 95% error bound b ln 20, and
+    ``normalizer_floor`` = b ln(1 / (2 COUNT_FAILURE)), the bound below which the true n
+    exceeds the noisy one with probability COUNT_FAILURE (a public n has none: floor 1).
+    Normalizers use max(n, floor): a count that undershoots (on tiny data it may be clamped to 1)
+    then cannot blow up a gradient or a mean (at worst the true n is n_noisy + floor
+    <= 2 max(n_noisy, floor)), while at any n well above the floor nothing changes."""
     if config.num_examples is not None:
         return {"source": "public (--num-examples)", "value": int(config.num_examples)}
-    count_epsilon = config.count_epsilon or (0.01 * config.epsilon if config.epsilon else 0.01)
+    count_epsilon = config.count_epsilon or (COUNT_SHARE * config.epsilon if config.epsilon else 0.01)
+    scale = 1.0 / count_epsilon
     noisy = aggregator.count() + mechanisms.laplace_noise(
-        mechanisms.rng(seed, mechanisms.STREAM_COUNT), 1.0 / count_epsilon)
+        mechanisms.rng(seed, mechanisms.STREAM_COUNT), scale)
     ledger.record("laplace_count", accounting.laplace_count_event(count_epsilon),
                   epsilon=count_epsilon, sensitivity=1)
     return {"source": "private estimate: Laplace count", "value": max(1, int(round(noisy))),
-            "count_epsilon": count_epsilon}
+            "count_epsilon": count_epsilon, "laplace_scale": scale,
+            "error_bound_95": scale * math.log(20.0),
+            "normalizer_floor": scale * math.log(1.0 / (2.0 * COUNT_FAILURE))}
 
 
 def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator, seed: int,
@@ -203,10 +239,13 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
     step_params = dict(noise_multiplier=sigma, sampling_probability=q, clip_norm=clip_norm,
                        sensitivity=clip_norm)
     ledger.record(_step_release_name(q), step_event, count=state.step, **step_params)
+    # The whole run's event, for a cheap progress epsilon (one PLD per run, not one per chunk).
+    planned = ledger.event_after(_step_release_name(q), step_event, total_steps - state.step,
+                                 **step_params)
 
     step_fn = NoisyGradientStep(
         loss=loss, clip_norm=clip_norm, noise_std=sigma * clip_norm,
-        normalizer=q * plan["dataset_size"]["value"], learning_rate=config.learning_rate,
+        normalizer=_normalizer(plan), learning_rate=config.learning_rate,
         sampler=PoissonSampler(q, seed), seed=seed, shape=state.theta.shape,
         fit_intercept=config.fit_intercept,
         transform=make_transform(plan["preprocessing"]) if make_transform else None)
@@ -215,36 +254,59 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
         ledger.record(_step_release_name(q), step_event, count=k, **step_params)
         if checkpoint_dir:
             save_checkpoint(checkpoint_dir, new_state, public_config, plan)
-        on_progress(new_state.step, total_steps, ledger.epsilon(config.delta))
+        on_progress(new_state.step, total_steps, ledger.progress_epsilon(config.delta, planned))
 
-    on_progress(state.step, total_steps, ledger.epsilon(config.delta))
+    on_progress(state.step, total_steps, ledger.progress_epsilon(config.delta, planned))
     state = run_chunks(aggregator, step_fn, state, total_steps, config.steps_per_chunk, after_chunk)
     theta = state.averaged() if config.averaging() else state.theta
     return TrainResult(theta, ledger, sigma, q, total_steps, clip_norm, plan["dataset_size"],
-                       plan["preprocessing"])
+                       plan["preprocessing"], sampling="Poisson" if q < 1 else "full batch",
+                       expected_batch_size=_normalizer(plan))
+
+
+def _normalizer(plan: dict) -> float:
+    """The plan's normalizer (a plan saved by an older version has none: q * n then)."""
+    return plan.get("normalizer", plan["sampling_probability"] * plan["dataset_size"]["value"])
 
 
 def dpgd_steps(n: int, epsilon: float | None, delta: float, rank: int, max_steps: int) -> int:
     """Paper 002 (note §2.3): the excess-risk bound of averaged DP-GD is
     ||theta*||_M sqrt(L^2/T + 2 L^2 rank log(1/delta) / (n eps)^2), so any
     T >= (n eps)^2 / (2 rank log(1/delta)) is within sqrt(2) of the T -> infinity limit (the paper's
-    T = (n eps)^2 is far more than needed). Capped at ``max_steps`` full passes; with only a
-    noise multiplier given, epsilon is unknown and the cap is used."""
+    T = (n eps)^2 is far more than needed). Capped at ``max_steps`` full passes (whatever default
+    the caller passes); with only a noise multiplier given, epsilon is unknown and the cap is
+    used. With a noisy n, T moves by a factor (1 +- err/n)^2 below the cap, continuously: the
+    count's error changes the run time a little, never the privacy (sigma is calibrated to T)."""
     if epsilon is None:
         return max_steps
     return int(min(max_steps, max(1, math.ceil((n * epsilon) ** 2 / (2 * rank * math.log(1 / delta))))))
 
 
+DEFAULT_EPOCHS = 5.0   # dpsgd without --epochs / --steps
+
+
 def _plan(config: NoisyGDConfig, dataset_size: dict, ledger: accounting.Ledger, dim: int) -> dict:
-    """The public plan: q, the number of steps and sigma (calibrated against the ledger so far)."""
+    """The public plan: q, the number of steps, the normalizer and sigma (calibrated against the
+    ledger so far). Each is a smooth (continuous up to a ceiling), documented function of the
+    released n, so that a count that is off by a little changes the run by a little:
+
+    * q = 1 for dpgd; min(1, B / n) for dpsgd;
+    * steps: ``steps`` if given; else ceil(epochs / q) with epochs = ``epochs`` or, for dpsgd,
+      DEFAULT_EPOCHS (so n = 999 and 1001 with B = 1000 give 5 and 6 steps; the rank-based count
+      below used to take over for dpsgd whenever q reached 1, i.e. 2,000 full-batch steps at
+      n = 999); else, for dpgd only, ``dpgd_steps`` (continuous in n up to the ``max_steps`` cap);
+    * normalizer of the noisy sums: q * max(n, floor), floor the count's ``normalizer_floor`` (1 for
+      a public n); for dpsgd with n above the floor that is the expected batch size B.
+    """
     n = dataset_size["value"]
     q = 1.0 if config.algorithm == "dpgd" else min(1.0, config.batch_size / n)
     if config.steps is not None:
         steps = int(config.steps)
-    elif config.epochs is not None or q < 1:
-        steps = max(1, math.ceil((config.epochs if config.epochs is not None else 5.0) / q))
+    elif config.epochs is not None or config.algorithm == "dpsgd":
+        steps = max(1, math.ceil((config.epochs if config.epochs is not None else DEFAULT_EPOCHS) / q))
     else:
         steps = dpgd_steps(n, config.epsilon, config.delta, config.rank or dim + 1, config.max_steps)
+    normalizer = q * max(float(n), float(dataset_size.get("normalizer_floor", 1.0)))
     if config.noise_multiplier is not None:
         sigma = float(config.noise_multiplier)
     else:
@@ -260,4 +322,78 @@ def _plan(config: NoisyGDConfig, dataset_size: dict, ledger: accounting.Ledger, 
         sigma = accounting.calibrate_noise_multiplier(make_event, config.epsilon, config.delta,
                                                       config.accountant)
     return {"sampling_probability": q, "steps": steps, "noise_multiplier": sigma,
-            "dataset_size": dataset_size}
+            "normalizer": normalizer, "dataset_size": dataset_size}
+
+
+# ------------------------------------------------------------------------------ registry entries
+
+_CLIP = option(1.0, "per-example gradient clip norm C (the sensitivity of each noisy sum)",
+               low=0, low_open=True)
+_FEATURE_NORM = option(None, "normalize every feature vector to this norm before training "
+                             "(recorded in model.json, applied again by predict); default: "
+                             "features used as given, so --clip-norm must suit their scale",
+                       low=0, low_open=True)
+
+
+@dataclasses.dataclass
+class DpgdOptions:
+    clip_norm: float = _CLIP
+    learning_rate: float = option(1.0, "step size", low=0, low_open=True)
+    steps: int | None = option(None, "full-batch steps (each reads all the data); default "
+                                     "ceil((n eps)^2 / (2 rank ln(1/delta))) capped at --max-steps",
+                               low=1)
+    rank: int | None = option(None, "public bound on the rank of the features, which sets the "
+                                    "default steps (paper 002); default d + 1", low=1)
+    max_steps: int = option(100, "cap on the default number of steps", low=1)
+    average_iterates: bool = option(True, "output the average of the iterates (paper 002) rather "
+                                          "than the last")
+    feature_norm: float | None = _FEATURE_NORM
+
+
+@dataclasses.dataclass
+class DpsgdOptions:
+    clip_norm: float = _CLIP
+    learning_rate: float = option(2.0, "step size", low=0, low_open=True)
+    batch_size: int = option(1000, "expected batch size B: each example is in a step's batch "
+                                   "with probability B / n (Poisson sampling)", low=1)
+    epochs: float = option(5.0, "passes over the data: steps = ceil(epochs n / B)", low=0,
+                           low_open=True)
+    steps: int | None = option(None, "number of steps; overrides --epochs", low=1)
+    average_iterates: bool = option(False, "output the average of the iterates rather than the last")
+    feature_norm: float | None = _FEATURE_NORM
+
+
+def core_config(name: str, options, problem: Problem, exclude=()) -> NoisyGDConfig:
+    """The driver's configuration from an algorithm's declared options (fields of the same name)
+    and the shared problem."""
+    shared = {k: v for k, v in dataclasses.asdict(options).items()
+              if k not in exclude and k in NoisyGDConfig.__dataclass_fields__}
+    return NoisyGDConfig(algorithm=name, **dataclasses.asdict(problem.privacy), **shared,
+                         fit_intercept=problem.fit_intercept, steps_per_chunk=problem.steps_per_chunk)
+
+
+def _train_noisy(name: str, options, problem: Problem, aggregator, seed: int, ledger, progress):
+    config = core_config(name, options, problem, exclude=("feature_norm",))
+    normalize = features.NormalizeRows(options.feature_norm) if options.feature_norm else None
+    result = train(config, problem.loss, problem.dim, aggregator, seed, ledger, progress,
+                   problem.checkpoint_dir,
+                   make_transform=(lambda pre: normalize) if normalize else None)
+    return dataclasses.replace(result, feature_transform=features.spec(normalize))
+
+
+def _train_dpgd(options, problem, aggregator, seed, ledger, progress):
+    return _train_noisy("dpgd", options, problem, aggregator, seed, ledger, progress)
+
+
+def _train_dpsgd(options, problem, aggregator, seed, ledger, progress):
+    return _train_noisy("dpsgd", options, problem, aggregator, seed, ledger, progress)
+
+
+DPGD = Algorithm(
+    "dpgd", "classification or regression on up to a few million rows: full-batch noisy "
+            "gradient descent; accurate at small epsilon, each step reads all the data",
+    MODEL_NAMES, DpgdOptions, _train_dpgd)
+DPSGD = Algorithm(
+    "dpsgd", "large data where a full pass per step is too slow: Poisson-sampled mini-batches, "
+             "each step reads only its batch; needs more tuning than dpgd",
+    MODEL_NAMES, DpsgdOptions, _train_dpsgd)

@@ -27,7 +27,9 @@ import scipy.linalg
 from dp_accounting import dp_event as events
 
 from beam_dp import accounting, features, mechanisms
-from beam_dp.algorithms.noisy_gd import NoisyGDConfig, TrainResult, release_dataset_size
+from beam_dp.algorithms import registry
+from beam_dp.algorithms.noisy_gd import NoisyGDConfig, TrainResult, core_config, release_dataset_size
+from beam_dp.algorithms.registry import Algorithm, Problem, option
 from beam_dp.losses import GlmLoss
 
 RHO = 0.05
@@ -35,17 +37,14 @@ RHO = 0.05
 
 @dataclasses.dataclass
 class SspConfig:
-    feature_norm: float | None = None   # C_x; default 2 sqrt(d) (standardized features)
-    label_bound: float = 4.0            # C_y
-    ridge: float | None = None          # None: AdaSSP's private choice
+    feature_norm: float | None = option(None, "C_x: feature vectors are clipped to this norm; "
+                                              "default 2 sqrt(d) (standardized features)",
+                                        low=0, low_open=True)
+    label_bound: float = option(4.0, "C_y: labels are clamped to [-C_y, C_y]", low=0, low_open=True)
+    ridge: float | None = option(None, "ridge penalty; default chosen privately (AdaSSP)", low=0)
 
     def validate(self) -> None:
-        if self.feature_norm is not None and not self.feature_norm > 0:
-            raise ValueError("--feature-norm must be positive")
-        if not self.label_bound > 0:
-            raise ValueError("--label-bound must be positive")
-        if self.ridge is not None and self.ridge < 0:
-            raise ValueError("--ridge must be non-negative")
+        registry.validate(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,10 +60,14 @@ class GramStage:
         return (self.dim + 2, self.dim + 2)
 
     def partial_sum(self, block, state):
+        # ClipRows is overflow-safe (a row of 1e200 comes out with norm C_x, not NaN), so every
+        # z is bounded and z z^T cannot overflow; tiny entries may underflow to 0, harmlessly
+        # and silently (a warning only when such a row exists would reveal it).
         clipped = features.ClipRows(self.feature_norm)(block)
         z = np.column_stack([clipped.features, np.ones(len(block)),
                              np.clip(block.labels, -self.label_bound, self.label_bound)])
-        return z.T @ z
+        with np.errstate(under="ignore"):
+            return z.T @ z
 
     def apply(self, state, total):
         return {**state, "gram": total}
@@ -116,6 +119,19 @@ def train(config: NoisyGDConfig, s_config: SspConfig, loss: GlmLoss, dim: int, a
     except (np.linalg.LinAlgError, scipy.linalg.LinAlgError):
         theta = np.linalg.lstsq(noisy_xtx, noisy_xty, rcond=None)[0]
     return TrainResult(theta[None, :], ledger, sigma, 1.0, 1, None, dataset_size,
-                       {"ridge": ridge, "ridge_source": "given" if s_config.ridge is not None
+                       sampling="one pass (sufficient statistics)",
+                       details_name="algorithm_parameters",
+                       preprocessing={"ridge": ridge, "ridge_source": "given" if s_config.ridge is not None
                         else "AdaSSP: from a private lambda_min", "feature_norm": c_x,
                         "label_bound": c_y})
+
+
+def _train_registered(options: SspConfig, problem: Problem, aggregator, seed, ledger, progress):
+    return train(core_config("dpsgd", options, problem), options, problem.loss, problem.dim,
+                 aggregator, seed, ledger)
+
+
+SSP = Algorithm(
+    "ssp", "linear regression with few features (d up to ~100): one pass, no learning rate or "
+           "steps to tune; its error grows like d^3 / (eps n)^2",
+    ("linear",), SspConfig, _train_registered, checkpoints=False, no_intercept=False)

@@ -1,0 +1,211 @@
+"""The algorithm registry: every optimizer declares itself here, once.
+
+An algorithm is one module that builds an ``Algorithm``: its name, one line on when to use it,
+the models it supports, the neighbouring relation its guarantee is for, an options dataclass
+and a ``train`` function. The options dataclass declares each field with ``option(...)`` (type,
+default, help, valid range), and everything else is generated from it: the CLI flags of
+``beam-dp train --algorithm X`` (``add_arguments``), the keyword arguments of ``beam_dp.train``
+and of the scikit-learn estimators (``make_options``), and the validation (``validate``).
+``cli.py``, ``api.py`` and the estimators loop over ``ALGORITHMS``; none branches on a name.
+
+``train(options, problem, aggregator, seed, ledger, progress) -> TrainResult`` gets the
+algorithm's options and the shared ``Problem`` (model, privacy budget, execution settings).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import numbers
+import typing
+from typing import Any, Callable
+
+import numpy as np
+
+from beam_dp import accounting
+from beam_dp.losses import GlmLoss
+
+# ------------------------------------------------------------------------------ declared options
+
+
+def option(default: Any, help: str, *, low: float | None = None, high: float | None = None,
+           low_open: bool = False, choices: tuple | None = None) -> Any:
+    """A declared option: ``default``, a help text, and the valid range [low, high] (``low_open``:
+    (low, high]) or the valid ``choices``. None as a default means "derived", which the help text
+    says how."""
+    return dataclasses.field(default=default, metadata={
+        "help": help, "low": low, "high": high, "low_open": low_open, "choices": choices})
+
+
+def _base_type(hint) -> type:
+    """float for ``float | None``, etc."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if args else hint
+
+
+def fields(options_class) -> list[tuple[dataclasses.Field, type]]:
+    hints = typing.get_type_hints(options_class)
+    return [(f, _base_type(hints[f.name])) for f in dataclasses.fields(options_class)]
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def validate(options) -> None:
+    """Checks every declared field against its type and range; then the options' own ``check``
+    (constraints between fields), if any. Raises ValueError naming the flag."""
+    for f, kind in fields(type(options)):
+        value = getattr(options, f.name)
+        if value is None:
+            continue
+        meta, name = f.metadata, flag(f.name)
+        if kind is bool:
+            if not isinstance(value, (bool, np.bool_)):
+                raise ValueError(f"{name} must be true or false")
+            continue
+        if meta.get("choices") is not None:
+            if value not in meta["choices"]:
+                raise ValueError(f"{name} must be one of {', '.join(map(str, meta['choices']))}")
+            continue
+        if kind in (int, float):
+            # numbers.Real: numpy scalars too (a GridSearchCV grid from np.arange holds np.int64)
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+                raise ValueError(f"{name} must be a number")
+            if not math.isfinite(value):   # before int(value), which raises on inf and nan
+                raise ValueError(f"{name} must be a finite number")
+            if kind is int and value != int(value):
+                raise ValueError(f"{name} must be a whole number")
+            low, high = meta.get("low"), meta.get("high")
+            if low is not None and (value <= low if meta.get("low_open") else value < low):
+                raise ValueError(f"{name} must be {'above' if meta.get('low_open') else 'at least'} {low:g}")
+            if high is not None and value > high:
+                raise ValueError(f"{name} must be at most {high:g}")
+    check = getattr(options, "check", None)
+    if check is not None:
+        check()
+
+
+def make_options(options_class, values: dict):
+    """The options dataclass from keyword values; unknown names are a TypeError listing the
+    valid ones (so a typo in a notebook is not silently ignored)."""
+    known = {f.name for f in dataclasses.fields(options_class)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise TypeError(f"unknown option(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
+    options = options_class(**{name: _plain(value) for name, value in values.items()})
+    validate(options)
+    return options
+
+
+def _plain(value):
+    """numpy scalars as the Python values they hold (they reach model.json and the report, which
+    are JSON); anything else unchanged, for ``validate`` to judge."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def add_arguments(group, options_class) -> None:
+    """One CLI flag per declared field; the parsed value lands under the field's name."""
+    for f, kind in fields(options_class):
+        meta = f.metadata
+        kwargs: dict[str, Any] = {"dest": f.name, "default": f.default, "help": meta.get("help", "")}
+        if kind is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["type"] = kind
+            if meta.get("choices") is not None:
+                kwargs["choices"] = meta["choices"]
+        group.add_argument(flag(f.name), **kwargs)
+
+
+def describe(options_class) -> list[tuple[str, str, str]]:
+    """(flag, default, help) for each field, for ``beam-dp algorithms``."""
+    return [(flag(f.name), "derived" if f.default is None else str(f.default), f.metadata.get("help", ""))
+            for f, _ in fields(options_class)]
+
+
+# ------------------------------------------------------------------------- the shared problem
+
+@dataclasses.dataclass
+class Privacy:
+    """The privacy budget and how n is known, shared by every algorithm."""
+
+    epsilon: float | None = None          # target; the noise is calibrated to it
+    delta: float = 1e-5
+    noise_multiplier: float | None = None  # instead of epsilon: report the epsilon it buys
+    accountant: str = "pld"
+    num_examples: int | None = None       # public dataset size; otherwise a private count
+    count_epsilon: float | None = None    # budget of that count
+
+    def validate(self) -> None:
+        if (self.epsilon is None) == (self.noise_multiplier is None):
+            raise ValueError("give exactly one of epsilon or noise_multiplier")
+        for name in ("epsilon", "noise_multiplier", "count_epsilon"):
+            value = getattr(self, name)
+            if value is not None and not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a positive number")
+        if not 0 < self.delta < 1:
+            raise ValueError("delta must be in (0, 1)")
+        if self.num_examples is not None and not (
+                isinstance(self.num_examples, numbers.Integral) and self.num_examples >= 1):
+            raise ValueError("num_examples must be a whole number, at least 1")
+        if (self.num_examples is None and self.epsilon is not None
+                and self.count_epsilon is not None and self.count_epsilon >= self.epsilon):
+            raise ValueError("count_epsilon is a share of epsilon: it must be smaller than epsilon")
+        if self.accountant not in accounting.ACCOUNTANTS:
+            raise ValueError(f"accountant must be one of {', '.join(accounting.ACCOUNTANTS)}")
+
+
+@dataclasses.dataclass
+class Problem:
+    """What every algorithm is given besides its own options."""
+
+    loss: GlmLoss
+    dim: int                      # number of feature columns
+    privacy: Privacy
+    fit_intercept: bool = True
+    steps_per_chunk: int = 25     # steps unrolled into one Beam pipeline
+    checkpoint_dir: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Algorithm:
+    name: str
+    use_when: str                 # one line, for a user choosing an algorithm
+    models: tuple                 # the losses it supports (losses.MODEL_NAMES)
+    options: type                 # the declared options dataclass
+    train: Callable               # (options, problem, aggregator, seed, ledger, progress) -> TrainResult
+    relation: str = accounting.ADD_REMOVE
+    checkpoints: bool = True      # supports --checkpoint-dir (resuming between chunks)
+    no_intercept: bool = True     # can fit a model without an intercept
+
+    def check(self, problem: Problem) -> None:
+        """Refuses a problem this algorithm cannot solve, with a message naming the choice."""
+        if problem.loss.name not in self.models:
+            raise ValueError(f"{self.name} does not fit --model {problem.loss.name}; "
+                             f"it supports: {', '.join(self.models)}")
+        if problem.checkpoint_dir and not self.checkpoints:
+            raise ValueError(f"{self.name} does not support --checkpoint-dir (it makes one pass)")
+        if not problem.fit_intercept and not self.no_intercept:
+            raise ValueError(f"{self.name} always fits an intercept; drop --no-intercept")
+
+
+def algorithms() -> dict[str, Algorithm]:
+    """Every registered algorithm by name, in the order `beam-dp algorithms` lists them.
+    (Imported here, not at the top, because the algorithm modules import this one.)"""
+    from beam_dp.algorithms import dp_ambssgd, dpsgd_f, noisy_gd, ssp
+    registered = (
+        noisy_gd.DPGD,
+        noisy_gd.DPSGD,
+        ssp.SSP,
+        dp_ambssgd.DP_AMBSSGD,
+        dpsgd_f.DPSGD_F,
+    )
+    return {a.name: a for a in registered}
+
+
+def get(name: str) -> Algorithm:
+    registered = algorithms()
+    if name not in registered:
+        raise ValueError(f"unknown algorithm {name!r}; choose one of {', '.join(registered)}")
+    return registered[name]

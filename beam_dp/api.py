@@ -1,0 +1,253 @@
+"""The Python API: ``beam_dp.train(...)`` returns a ``Model``.
+
+    model = beam_dp.train(X, y, model="logistic", algorithm="dpgd", epsilon=1.0, seed=None)
+    model.predict(X_test); model.predict_proba(X_test); model.score(X_test, y_test)
+    model.privacy_report["epsilon"]; model.save("out/model")
+
+Data is either in-memory arrays (trained in-process) or files: ``input="data/train-*.parquet"``
+(a glob, a comma-separated list of globs or a list of paths), trained on Beam's in-process runner
+by default or on any Beam runner (``runner="DataflowRunner", pipeline_args=[...]``), or with
+``runner="local"`` in-process. The algorithm's own options are keyword arguments (their names,
+defaults and ranges: ``beam-dp algorithms``); the CLI and the scikit-learn estimators call this.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from typing import Callable, Sequence
+
+import numpy as np
+
+from beam_dp import accounting, data, features, losses, mechanisms, report
+from beam_dp.algorithms import registry
+
+DEFAULT_BEAM_RUNNER = "FnApiRunner"   # DirectRunner first tries to download Prism: no network
+LOCAL = "local"
+
+
+class PrivacyWarning(UserWarning):
+    """A setting that weakens the guarantee (e.g. delta not small against 1/n)."""
+
+
+def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
+          algorithm: str = "dpgd", model: str = "logistic",
+          epsilon: float | None = None, delta: float = 1e-5,
+          noise_multiplier: float | None = None, accountant: str = "pld",
+          num_examples: int | None = None, count_epsilon: float | None = None,
+          num_classes: int | None = None, huber_delta: float = 1.0, fit_intercept: bool = True,
+          label_column: str = "label", feature_columns: Sequence[str] | None = None,
+          runner: str | None = None, pipeline_args: Sequence[str] = (),
+          batch_rows: int = data.DEFAULT_BATCH_ROWS, seed: int | None = None,
+          steps_per_pipeline: int = 25, checkpoint_dir: str | None = None,
+          progress: Callable[[int, int, float], None] | None = None, **options) -> "Model":
+    """Trains a differentially private GLM; see the module docstring.
+
+    ``epsilon`` (with ``delta``) calibrates the noise; ``noise_multiplier`` instead reports the
+    epsilon it buys. Without ``num_examples`` the dataset size is a private Laplace count whose
+    budget is part of epsilon. Without ``seed`` all randomness comes from the OS's secure source;
+    a fixed seed is for tests. ``progress(steps_done, steps_total, epsilon_so_far)`` is called
+    between chunks of steps. The neighbouring relation is add/remove one row.
+    """
+    chosen = registry.get(algorithm)
+    algorithm_options = registry.make_options(chosen.options, options)
+    privacy = registry.Privacy(epsilon, delta, noise_multiplier, accountant, num_examples, count_epsilon)
+    privacy.validate()
+    if steps_per_pipeline < 1 or batch_rows < 1:
+        raise ValueError("steps_per_pipeline and batch_rows must be at least 1")
+    loss = losses.make_loss(model, num_classes, huber_delta)
+    if (X is None) == (input is None):
+        raise ValueError("give either arrays X, y or input= files")
+    if X is not None:
+        if runner not in (None, LOCAL):
+            raise ValueError("in-memory arrays train in-process; write them to files to use a Beam runner")
+        feature_columns, aggregator = _array_input(X, y, loss, feature_columns, batch_rows)
+    else:
+        feature_columns, aggregator = _file_input(input, runner or DEFAULT_BEAM_RUNNER,
+                                                  list(pipeline_args), loss, label_column,
+                                                  feature_columns, batch_rows)
+    problem = registry.Problem(loss, len(feature_columns), privacy, fit_intercept,
+                               steps_per_pipeline, checkpoint_dir)
+    chosen.check(problem)
+    ledger = accounting.Ledger(accountant, chosen.relation)
+    result = chosen.train(algorithm_options, problem, aggregator,
+                          seed if seed is not None else mechanisms.secure_seed(), ledger,
+                          progress or (lambda done, total, eps: None))
+    artifact = report.model_artifact(loss, result.theta, feature_columns, label_column,
+                                     chosen.name, fit_intercept, result.feature_transform)
+    privacy_report = report.privacy_report(ledger, privacy, result, chosen, algorithm_options,
+                                           seed_fixed=seed is not None)
+    n = result.dataset_size["value"]
+    if delta * n >= 1:
+        message = (f"delta = {delta:g} is not small against 1/n (n ~ {n}): a mechanism may then "
+                   "publish a row outright; choose delta well below 1/n")
+        privacy_report.setdefault("warnings", []).append(message)
+        warnings.warn(message, PrivacyWarning, stacklevel=2)
+    return Model(artifact, privacy_report)
+
+
+def _file_input(input, runner, pipeline_args, loss, label_column, feature_columns, batch_rows):
+    """The training files' feature columns and the aggregator for the chosen runner."""
+    patterns = [input] if isinstance(input, str) else list(input)
+    files = sorted({f for pattern in patterns for f in data.list_files(pattern)})
+    if not files:   # input=[] or "" (list_files of "" matches nothing without an error)
+        raise data.DataError("no input files given")
+    if runner == LOCAL:
+        open_file = data.open_local
+    else:
+        from beam_dp.beam.transforms import open_file
+    columns = data.resolve_feature_columns(files[0], label_column, feature_columns, open_file)
+    if runner == LOCAL:
+        from beam_dp.local import LocalAggregator
+        blocks = data.load_blocks(files, label_column, columns, loss, batch_rows)
+        return columns, LocalAggregator(blocks)
+    from beam_dp.beam.aggregator import BeamAggregator
+    return columns, BeamAggregator(files, label_column, columns, loss, batch_rows,
+                                   ["--runner", runner] + pipeline_args)
+
+
+def _feature_names(X, feature_columns, width: int) -> list[str]:
+    if feature_columns is not None:
+        names = list(feature_columns)
+    elif hasattr(X, "columns"):   # a pandas DataFrame: its column names, as declared
+        names = [str(c) for c in X.columns]
+    else:
+        names = [f"x{j}" for j in range(width)]
+    if len(names) != width:
+        raise ValueError(f"{len(names)} feature names for {width} columns")
+    return names
+
+
+def _array_input(X, y, loss, feature_columns, batch_rows):
+    from beam_dp.local import LocalAggregator
+
+    if y is None:
+        raise ValueError("give the labels y with X")
+    x = data.as_feature_matrix(X)
+    labels = np.asarray(y, dtype=np.float64).reshape(-1) if _numeric_labels(y) else None
+    if labels is None:
+        raise ValueError("labels must be numbers (encode classes as 0..K-1, or 0/1 or -1/+1)")
+    if len(labels) != x.shape[0]:
+        raise ValueError(f"X has {x.shape[0]} rows but y has {len(labels)}")
+    names = _feature_names(X, feature_columns, x.shape[1])
+    blocks = data.blocks_from_arrays(x, labels, loss, batch_rows)
+    if not blocks:
+        raise data.DataError("arrays: the input has no rows")
+    return names, LocalAggregator(blocks)
+
+
+def _numeric_labels(y) -> bool:
+    kind = np.asarray(y).dtype.kind
+    return kind in "biuf"
+
+
+class Model:
+    """A trained model: the artifact of model.json and, after training, the privacy report.
+
+    ``predict``/``predict_proba``/``decision_function``/``score`` take a feature matrix (or a
+    DataFrame with the feature columns) of raw features: the recorded feature map (e.g. the row
+    normalization training used) is applied first, as training applied it.
+    """
+
+    def __init__(self, artifact: dict, privacy_report: dict | None = None):
+        self.artifact = artifact
+        self.privacy_report = privacy_report
+        self.loss, self.theta, _ = report.load_model_dict(artifact)
+
+    @property
+    def feature_map(self):
+        """The recorded raw-feature map (identity when none). Built on access, not stored: the
+        identity is a lambda, and a stored lambda made Models (and fitted estimators) unpicklable."""
+        return features.from_spec(self.artifact.get("feature_transform"))
+
+    # -- what it is
+    @property
+    def feature_columns(self) -> list[str]:
+        return list(self.artifact["feature_columns"])
+
+    @property
+    def coefficients(self) -> np.ndarray:
+        return self.theta[:, :-1] if self.loss.outputs() > 1 else self.theta[0, :-1]
+
+    @property
+    def intercept(self):
+        return self.theta[:, -1] if self.loss.outputs() > 1 else float(self.theta[0, -1])
+
+    @property
+    def epsilon(self) -> float | None:
+        return None if self.privacy_report is None else self.privacy_report["epsilon"]
+
+    def __repr__(self):
+        budget = "" if self.privacy_report is None else (
+            f", epsilon={self.privacy_report['epsilon']:.4g}, delta={self.privacy_report['delta']:g}")
+        return (f"Model({self.artifact['model']} by {self.artifact['algorithm']}, "
+                f"{len(self.feature_columns)} features{budget})")
+
+    # -- applying it
+    def block_scores(self, block: data.Block) -> np.ndarray:
+        """(m, k) scores of a block of raw features."""
+        return losses.scores(self.theta, self.feature_map(block).features)
+
+    def _features(self, X) -> np.ndarray:
+        if hasattr(X, "columns") and set(self.feature_columns) <= {str(c) for c in X.columns}:
+            X = X[self.feature_columns]
+        x = data.as_feature_matrix(X)
+        if x.shape[1] != len(self.feature_columns):
+            raise ValueError(f"X has {x.shape[1]} columns; the model has {len(self.feature_columns)} features")
+        data.check_finite(x, "X")
+        return x
+
+    def decision_function(self, X) -> np.ndarray:
+        x = self._features(X)
+        s = self.block_scores(data.Block(x, np.zeros(len(x))))
+        return s[:, 0] if s.shape[1] == 1 else s
+
+    def predict(self, X) -> np.ndarray:
+        x = self._features(X)
+        return self.loss.predict(self.block_scores(data.Block(x, np.zeros(len(x)))))
+
+    def predict_proba(self, X) -> np.ndarray:
+        """Class probabilities, (m, 2) for logistic (columns: class 0, class 1) and (m, K) for
+        softmax. Hinge and regression models have none."""
+        if self.loss.name not in ("logistic", "softmax"):
+            raise ValueError(f"a {self.loss.name} model has no class probabilities")
+        s = self.decision_function(X)
+        if self.loss.name == "logistic":
+            p = losses.expit(s)
+            return np.column_stack([1.0 - p, p])
+        from scipy.special import softmax
+        return softmax(s, axis=1)
+
+    def score(self, X, y) -> float:
+        """Accuracy for classifiers, R^2 for regression (scikit-learn's conventions)."""
+        prediction = self.predict(X)
+        y = np.asarray(y, dtype=np.float64).reshape(-1)
+        if self.loss.is_classifier:
+            truth = (y > 0).astype(np.int64) if self.loss.name in ("logistic", "hinge") else y
+            return float(np.mean(prediction == truth))
+        residual = float(np.sum((y - prediction) ** 2))
+        total = float(np.sum((y - y.mean()) ** 2))
+        return 1.0 - residual / total if total > 0 else 0.0
+
+    # -- files
+    def save(self, path: str, overwrite: bool = False) -> None:
+        """Writes model.json and privacy_report.json into the directory ``path`` atomically."""
+        with report.atomic_directory(path, overwrite) as out:
+            report.write_json(out, "model.json", self.artifact)
+            if self.privacy_report is not None:
+                report.write_json(out, "privacy_report.json", self.privacy_report)
+
+    @classmethod
+    def load(cls, path: str) -> "Model":
+        """From a directory written by ``save`` or ``beam-dp train``, or a model.json file."""
+        artifact = report.read_model(path)
+        directory = path if os.path.isdir(path) else os.path.dirname(path)
+        privacy_path = os.path.join(directory, "privacy_report.json")
+        privacy = report.read_json(privacy_path) if os.path.exists(privacy_path) else None
+        return cls(artifact, privacy)
+
+
+def options_of(algorithm: str) -> dict:
+    """The declared options of an algorithm with their defaults (None: derived)."""
+    chosen = registry.get(algorithm)
+    return {f.name: f.default for f in dataclasses.fields(chosen.options)}

@@ -1,0 +1,174 @@
+"""scikit-learn estimators over ``beam_dp.train`` (in-memory data, trained in-process).
+
+    from beam_dp.estimators import DPLogisticRegression
+    clf = DPLogisticRegression(epsilon=1.0, classes=[0, 1]).fit(X, y)
+    clf.predict(X_test); clf.predict_proba(X_test); clf.privacy_report_["epsilon"]
+
+The constructor stores parameters only; ``fit`` returns self; learned state ends in ``_``
+(``coef_``, ``intercept_``, ``classes_``, ``model_``, ``privacy_report_``), so the estimators work
+in ``Pipeline``s, ``ColumnTransformer``s and ``clone``. Algorithm options go in
+``algorithm_options`` (a dict, e.g. ``{"clip_norm": 0.5}``): their names and defaults are those of
+``beam-dp algorithms``.
+
+Class labels are public information in this design: pass ``classes``. Without it they are read
+from ``y`` (as scikit-learn does), which reveals which labels occur; a ``PrivacyLeakWarning`` says
+so (diffprivlib's convention). ``random_state`` fixes the seed, for tests only: without it all
+randomness comes from the OS's secure source. Preprocessing inside a ``Pipeline`` (a scaler, say)
+is fitted on the data without privacy; use public bounds there or account for it separately.
+"""
+from __future__ import annotations
+
+import numbers
+import warnings
+
+import numpy as np
+from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
+from sklearn.utils import check_random_state
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from beam_dp import api
+
+
+class PrivacyLeakWarning(UserWarning):
+    """A parameter that should be public was taken from the data."""
+
+
+def _seed(random_state) -> int | None:
+    """None (secure randomness), or a fixed seed from an int or a RandomState (tests only)."""
+    if random_state is None:
+        return None
+    if isinstance(random_state, numbers.Integral):
+        return int(random_state)
+    return int(check_random_state(random_state).randint(0, 2 ** 31 - 1))
+
+
+class _DPEstimator(BaseEstimator):
+    _model: str = ""            # the loss, for regressors
+
+    def __init__(self, epsilon=1.0, delta=1e-5, algorithm="dpgd", algorithm_options=None,
+                 accountant="pld", num_examples=None, count_epsilon=None, fit_intercept=True,
+                 random_state=None):
+        self.epsilon = epsilon
+        self.delta = delta
+        self.algorithm = algorithm
+        self.algorithm_options = algorithm_options
+        self.accountant = accountant
+        self.num_examples = num_examples
+        self.count_epsilon = count_epsilon
+        self.fit_intercept = fit_intercept
+        self.random_state = random_state
+
+    def _train(self, X, labels, model: str, num_classes=None):
+        self.model_ = api.train(
+            X, labels, algorithm=self.algorithm, model=model, epsilon=self.epsilon,
+            delta=self.delta, accountant=self.accountant, num_examples=self.num_examples,
+            count_epsilon=self.count_epsilon, num_classes=num_classes,
+            fit_intercept=self.fit_intercept, seed=_seed(self.random_state),
+            **(self.algorithm_options or {}))
+        self.coef_ = np.atleast_2d(self.model_.coefficients)
+        self.intercept_ = np.atleast_1d(self.model_.intercept)
+        self.privacy_report_ = self.model_.privacy_report
+        return self
+
+    def _scores(self, X):
+        check_is_fitted(self)
+        X = validate_data(self, X, reset=False)
+        return self.model_.decision_function(X)
+
+
+class _DPClassifier(ClassifierMixin, _DPEstimator):
+    _binary_model = "logistic"
+
+    def __init__(self, epsilon=1.0, delta=1e-5, algorithm="dpgd", algorithm_options=None,
+                 accountant="pld", num_examples=None, count_epsilon=None, fit_intercept=True,
+                 random_state=None, classes=None):
+        super().__init__(epsilon, delta, algorithm, algorithm_options, accountant, num_examples,
+                         count_epsilon, fit_intercept, random_state)
+        self.classes = classes
+
+    def fit(self, X, y):
+        X, y = validate_data(self, X, y)
+        # A continuous target is refused as scikit-learn's classifiers refuse it ("Unknown label
+        # type"), rather than being read as one class per distinct value.
+        check_classification_targets(y)
+        if self.classes is None:
+            warnings.warn("classes were read from the training labels, which reveals which "
+                          "labels occur; pass classes=[...] to keep them public",
+                          PrivacyLeakWarning, stacklevel=2)
+            classes = np.unique(y)
+        else:
+            classes = np.unique(np.asarray(self.classes))   # sorted, as scikit-learn keeps them
+        if len(classes) < 2:
+            raise ValueError(f"a classifier needs at least 2 classes; got {len(classes)} class(es)")
+        index = np.clip(np.searchsorted(classes, y), 0, len(classes) - 1)
+        if not np.array_equal(classes[index], y):
+            raise ValueError("y has a label that is not in classes")
+        self.classes_ = classes
+        if len(classes) == 2:
+            return self._train(X, index, self._binary_model)
+        if self._binary_model != "logistic":
+            raise ValueError(f"Only binary classification is supported by {type(self).__name__}; "
+                             f"use DPLogisticRegression for {len(classes)} classes")
+        return self._train(X, index, "softmax", num_classes=len(classes))
+
+    def decision_function(self, X):
+        return self._scores(X)
+
+    def predict(self, X):
+        check_is_fitted(self)
+        X = validate_data(self, X, reset=False)
+        return self.classes_[self.model_.predict(X)]
+
+
+class DPLogisticRegression(_DPClassifier):
+    """Logistic regression (softmax for more than 2 classes) with differential privacy."""
+
+    def predict_proba(self, X):
+        check_is_fitted(self)
+        X = validate_data(self, X, reset=False)
+        return self.model_.predict_proba(X)
+
+    def predict_log_proba(self, X):
+        with np.errstate(divide="ignore"):
+            return np.log(self.predict_proba(X))
+
+
+class DPLinearSVC(_DPClassifier):
+    """A binary linear SVM (hinge loss) with differential privacy."""
+
+    _binary_model = "hinge"
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.classifier_tags.multi_class = False   # binary only (fit refuses 3+ classes)
+        return tags
+
+
+class _DPRegressor(RegressorMixin, _DPEstimator):
+    def fit(self, X, y):
+        X, y = validate_data(self, X, y, y_numeric=True)
+        return self._train(X, y, self._model)
+
+    def predict(self, X):
+        return self._scores(X)
+
+
+class DPLinearRegression(_DPRegressor):
+    """Least-squares regression with differential privacy. The default algorithm is ``ssp``
+    (sufficient statistics: one pass, nothing to tune; its defaults suit standardized features
+    and targets within +-4)."""
+
+    _model = "linear"
+
+    def __init__(self, epsilon=1.0, delta=1e-5, algorithm="ssp", algorithm_options=None,
+                 accountant="pld", num_examples=None, count_epsilon=None, fit_intercept=True,
+                 random_state=None):
+        super().__init__(epsilon, delta, algorithm, algorithm_options, accountant, num_examples,
+                         count_epsilon, fit_intercept, random_state)
+
+
+class DPHuberRegressor(_DPRegressor):
+    """Huber regression (robust to outlying targets) with differential privacy."""
+
+    _model = "huber"

@@ -1,0 +1,47 @@
+"""The README's instructions hold: its Python examples run, and its test command is CI's."""
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _readme() -> str:
+    with open(os.path.join(ROOT, "README.md")) as f:
+        return f.read()
+
+
+def _section(title: str) -> str:
+    text = _readme()
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end > 0 else None]
+
+
+def _python_blocks(section: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+
+
+@pytest.mark.slow
+def test_python_api_examples_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    blocks = _python_blocks(_section("Python API"))
+    assert len(blocks) == 3
+    namespace: dict = {}
+    exec(compile(blocks[0], "README: Python API", "exec"), namespace)
+    assert namespace["model"].privacy_report["epsilon"] <= 1.0
+    assert os.path.exists(tmp_path / "out" / "notebook-model" / "model.json")
+    # blocks[1] needs files that the example job writes; it is the API over files, tested in
+    # tests/test_api.py. blocks[2]: the estimator in an sklearn Pipeline.
+    exec(compile(blocks[2], "README: estimators", "exec"), namespace)
+    assert 0.5 < namespace["classifier"].score(namespace["frame"], namespace["label"]) <= 1.0
+
+
+def test_ci_runs_the_readme_test_command():
+    section = _section("Run the tests")
+    (command,) = re.findall(r"```\n(.*?)\n```", section, flags=re.S)
+    with open(os.path.join(ROOT, ".ci", "run")) as f:
+        assert command in f.read()
