@@ -152,21 +152,28 @@ def _refuse(path: str, why: str) -> FileExistsError:
     return FileExistsError(f"{path} {why}; nothing was replaced or deleted")
 
 
+def _exists(path: str, overwrite: bool, replaceable: str) -> bool:
+    """False when nothing is at ``path`` (whose nearest existing parent must be a writable
+    directory); True when something is and ``overwrite`` allows considering it; else refused."""
+    if os.path.lexists(path):
+        if not overwrite:
+            raise FileExistsError(f"{path} already exists (pass --overwrite to replace {replaceable})")
+        return True
+    parent = os.path.dirname(path)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        raise PermissionError(f"cannot write {path}: {parent} is not a writable directory")
+    return False
+
+
 def check_output_directory(path: str, overwrite: bool) -> None:
     """Refuses, before any work, an output that exists, unless ``overwrite`` is set and it is a
     directory beam-dp wrote holding only what beam-dp wrote there (its marker lists that). A
     file, a device, a link or a directory with anything else is never replaced."""
     path = os.path.abspath(path)
-    if not os.path.lexists(path):
-        parent = os.path.dirname(path)
-        while not os.path.exists(parent):
-            parent = os.path.dirname(parent)
-        if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
-            raise PermissionError(f"cannot write {path}: {parent} is not a writable directory")
+    if not _exists(path, overwrite, "a directory beam-dp wrote"):
         return
-    if not overwrite:
-        raise FileExistsError(f"{path} already exists (pass --overwrite to replace a directory "
-                              "beam-dp wrote)")
     if os.path.islink(path) or not os.path.isdir(path):
         raise _refuse(path, "is not a directory beam-dp wrote (--overwrite replaces only those)")
     try:
@@ -215,12 +222,8 @@ def check_output_file(path: str, overwrite: bool) -> None:
     """For ``predict --output``: an existing file is replaced only with ``overwrite`` and only if
     it is a predictions file beam-dp wrote (a regular file whose columns are exactly ours)."""
     path = os.path.abspath(path)
-    if not os.path.lexists(path):
-        check_output_directory(path, False)   # the parent must be writable
+    if not _exists(path, overwrite, "a predictions file beam-dp wrote"):
         return
-    if not overwrite:
-        raise FileExistsError(f"{path} already exists (pass --overwrite to replace a predictions "
-                              "file beam-dp wrote)")
     if os.path.islink(path) or not os.path.isfile(path):
         raise _refuse(path, "is not a regular file")
     from beam_dp import data
