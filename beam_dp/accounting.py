@@ -91,6 +91,9 @@ _EPSILON_CACHE: collections.OrderedDict = collections.OrderedDict()
 _EPSILON_CACHE_SIZE = 512
 
 
+MAX_DISCRETIZATION = 256.0   # exp(interval) must stay finite in dp_accounting (< ~709)
+
+
 def pld_discretization_interval(event: events.DpEvent, neighbouring: str = ADD_REMOVE) -> float:
     """The PLD discretization interval used for ``event``: 1e-4 (dp_accounting's default) while
     RDP's epsilon of the event at delta 1e-10 (an upper estimate of the privacy loss's range) is
@@ -111,7 +114,10 @@ def pld_discretization_interval(event: events.DpEvent, neighbouring: str = ADD_R
     ratio = estimate / (PLD_POINTS * DEFAULT_DISCRETIZATION)
     if ratio <= 1.0:
         return DEFAULT_DISCRETIZATION
-    return DEFAULT_DISCRETIZATION * 2.0 ** math.ceil(math.log2(ratio))
+    interval = DEFAULT_DISCRETIZATION * 2.0 ** math.ceil(math.log2(ratio))
+    # Beyond MAX_DISCRETIZATION (losses of millions of nats) dp_accounting's PLD overflows
+    # (exp of the interval): no PLD; the epsilon is then RDP's (``_PLDAccountant``).
+    return interval if interval <= MAX_DISCRETIZATION else math.inf
 
 
 class _PLDAccountant(_EagerPLDAccountant):
@@ -166,7 +172,8 @@ class _PLDAccountant(_EagerPLDAccountant):
                 # below; its "overflow in scalar divide" warning would only be noise.
                 with np.errstate(over="ignore", divide="ignore"):
                     result = float(compute(eager))
-            if kind == "epsilon" and math.isinf(result) and not self._non_private():
+            if kind == "epsilon" and math.isinf(result) and eager is not None \
+                    and not self._non_private():
                 result = _log_space_epsilon(eager._pld, value)
             if kind == "epsilon" and math.isinf(result) and not self._non_private():
                 with _quiet_rdp():

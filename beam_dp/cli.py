@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import os
 import sys
+import tempfile
 import textwrap
 import warnings
 
@@ -34,14 +35,28 @@ def _columns(text: str) -> list[str]:
     return [c.strip() for c in text.split(",") if c.strip()]
 
 
+class _StoreOnce(argparse.Action):
+    """A flag that takes one value and may be given once: argparse would keep the last of
+    ``--epsilon 0.5 --epsilon 8`` (or of two --feature-columns) without a word."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = namespace.__dict__.setdefault("_given_flags", set())
+        if self.dest in given:
+            parser.error(f"{option_string} given twice")
+        given.add(self.dest)
+        setattr(namespace, self.dest, values)
+
+
 class _Parser(argparse.ArgumentParser):
-    """No abbreviated flags (``--steps`` must not silently mean ``--steps-per-pipeline``), and a
-    usage error is one line, like every other error."""
+    """No abbreviated flags (``--steps`` must not silently mean ``--steps-per-pipeline``), a
+    single-valued flag given once, and a usage error is one line, like every other error."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
         kwargs.setdefault("formatter_class", _Formatter)
         super().__init__(*args, **kwargs)
+        self.register("action", None, _StoreOnce)
+        self.register("action", "store", _StoreOnce)
 
     def error(self, message):
         self.exit(2, f"beam-dp: error: {message} (see `{self.prog} --help`)\n")
@@ -104,7 +119,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                f"flags, `beam-dp algorithms` all of them):\n{listing}\n\n"
                "Unknown flags are passed to Beam's PipelineOptions.")
     io = train.add_argument_group("input and output")
-    io.add_argument("--input", required=True, nargs="+",
+    io.add_argument("--input", required=True, nargs="+", action="extend",
                     help="Parquet or CSV files: globs (quote them), comma-separated globs, or "
                          "several paths")
     io.add_argument("--output", required=True,
@@ -171,7 +186,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     st = sub.add_parser("stats", help="private statistics of a dataset (to choose clip norms)",
                         epilog="Unknown flags are passed to Beam's PipelineOptions.",
                         formatter_class=_Formatter)
-    st.add_argument("--input", required=True, nargs="+", help="Parquet or CSV files (globs)")
+    st.add_argument("--input", required=True, nargs="+", action="extend", help="Parquet or CSV files (globs)")
     st.add_argument("--output", required=True, help="directory for stats_report.json")
     st.add_argument("--overwrite", action="store_true",
                     help="replace an existing --output directory that beam-dp wrote")
@@ -193,7 +208,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     predict = sub.add_parser("predict", help="apply a trained model to a dataset",
                              formatter_class=_Formatter)
     predict.add_argument("--model", required=True, help="model.json or the training output directory")
-    predict.add_argument("--input", required=True, nargs="+", help="Parquet or CSV files (globs)")
+    predict.add_argument("--input", required=True, nargs="+", action="extend", help="Parquet or CSV files (globs)")
     predict.add_argument("--output", required=True, help="predictions file (.csv or .parquet)")
     predict.add_argument("--overwrite", action="store_true",
                          help="replace an existing predictions file that beam-dp wrote")
@@ -254,14 +269,7 @@ def _refuse_unknown_flags(parser, runner: str | None, extra: list[str]) -> None:
         parser.error(f"unknown flag(s) {', '.join(named)}: neither beam-dp nor Beam knows them")
 
 
-def main(argv: list[str] | None = None) -> int:
-    from beam_dp.data import DataError
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    runner_log = logging.getLogger("apache_beam.runners.common")
-    if not any(isinstance(f, _DropOwnInputErrors) for f in runner_log.filters):
-        runner_log.addFilter(_DropOwnInputErrors())
-    parser = build_parser(argv)
+def _parse(parser, argv: list[str]):
     args, extra = parser.parse_known_args(argv)
     if extra and args.command not in ("train", "stats"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -272,6 +280,20 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unexpected argument(s) {' '.join(stray)}: if the shell expanded a glob, "
                      "quote it (--input 'data/train-*.parquet') or list every file after --input")
     _refuse_unknown_flags(parser, args.runner if extra else None, extra)
+    return args, extra
+
+
+def main(argv: list[str] | None = None) -> int:
+    from beam_dp.data import DataError
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    runner_log = logging.getLogger("apache_beam.runners.common")
+    if not any(isinstance(f, _DropOwnInputErrors) for f in runner_log.filters):
+        runner_log.addFilter(_DropOwnInputErrors())
+    try:   # usage errors (and --help) exit through argparse: return their code instead
+        args, extra = _parse(build_parser(argv), argv)
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 2
     try:
         if args.command == "make-data":
             return _make_data(args)
@@ -354,9 +376,11 @@ def _progress_callback():
 
 def _input(args, beam_args: list[str], loss, label_column):
     """The files, their feature columns and the aggregator for the chosen runner (stats)."""
-    from beam_dp import data
+    from beam_dp import data, report
 
+    report.check_output_directory(args.output, args.overwrite)   # before reading anything
     files = sorted({f for pattern in args.input for f in data.list_files(pattern)})
+    report.check_not_inside(args.output, files)
     if args.runner == "local":
         open_file = data.open_local
     else:
@@ -387,6 +411,8 @@ def _train(args, beam_args: list[str]) -> int:
     # Refuse a bad --output before any work (and again when writing).
     report.check_output_directory(args.output, args.overwrite)
     validation_files = data.list_files(args.validation) if args.validation else []
+    report.check_not_inside(args.output, [f for pattern in args.input for f in data.list_files(pattern)]
+                            + validation_files)
     with warnings.catch_warnings():   # printed below as one line, not as Python's warning
         warnings.simplefilter("ignore", api.PrivacyWarning)
         model = _train_model(api, args, beam_args, options)
@@ -445,8 +471,10 @@ def _stats(args, beam_args: list[str]) -> int:
 
     if not args.quantiles or not all(0.0 <= q <= 1.0 for q in args.quantiles):
         raise ValueError("--quantiles must be fractions in [0, 1]")
-    if not (args.epsilon > 0 and 0 < args.delta < 1 and args.value_bound > 0):
-        raise ValueError("--epsilon, --value-bound must be positive and --delta in (0, 1)")
+    if not (args.epsilon > 0 and 0 < args.delta < 1 and 0 < args.value_bound <= 1e150):
+        # (The grids span value_bound * sqrt(d): a bound near the float range would overflow.)
+        raise ValueError("--epsilon must be positive, --delta in (0, 1) and --value-bound in "
+                         "(0, 1e150]")
     features, aggregator, _ = _input(args, beam_args, losses.SquaredLoss(), None)
     seed = args.seed if args.seed is not None else mechanisms.secure_seed()
     stages = stats.dataset_summary_stages(len(features), args.quantiles, args.epsilon, args.delta,
@@ -488,9 +516,11 @@ def _predict(args) -> int:
     columns = {"prediction": np.concatenate(predictions)}
     if probabilities:
         columns["probability"] = np.concatenate(probabilities)
-    # Written beside the target under a temporary name, then renamed: no partial file on failure.
+    # Written beside the target under a fresh temporary name (created exclusively, so no one
+    # can plant a link there), then renamed: no partial file on failure.
     directory, name = os.path.split(os.path.abspath(args.output))
-    tmp = os.path.join(directory, f".tmp-{os.getpid()}-{name}")
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=f"-{name}", dir=directory)
+    os.close(fd)
     try:
         data.write_table(tmp, columns)
         os.replace(tmp, args.output)

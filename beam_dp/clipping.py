@@ -193,7 +193,9 @@ def clipped_outer_sums(derivative: np.ndarray, features: np.ndarray, sq_norms: n
         # normal floats (>= 2^-1000), so factor * l' * x is computed to full precision. With an
         # intercept a tiny x is harmless (||(x, 1)|| >= 1), without one its norm must be accurate.
         sq_ok = (sq <= _SQ_HIGH) & ((sq >= _SQ_LOW) | fit_intercept)
-        plain = sq_ok & (norms <= clip_norms.min() * _FACTOR_RANGE)
+        # (Divide rather than multiply: C * 2^1000 overflows to inf for C >= 2^24, and then an
+        # infinite norm would pass and meet a zero factor: 0 * inf = NaN.)
+        plain = sq_ok & np.isfinite(norms) & (norms / clip_norms.min() <= _FACTOR_RANGE)
         if plain.all():
             rows, special = slice(None), None
         else:

@@ -97,7 +97,9 @@ def list_files(pattern: str) -> list[str]:
             from apache_beam.io.filesystems import FileSystems
             matched = [m.path for r in FileSystems.match([part]) for m in r.metadata_list]
         else:
-            matched = [os.path.abspath(p) for p in glob.glob(os.path.expanduser(part))
+            # realpath: a file reached twice (through a link) must be read once, or its rows
+            # would count twice while the accounting assumes each row once.
+            matched = [os.path.realpath(p) for p in glob.glob(os.path.expanduser(part))
                        if os.path.isfile(p)]
         if not matched:
             raise DataError(f"{part}: no input files match")

@@ -5,6 +5,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 
 import numpy as np
@@ -178,14 +179,40 @@ def check_output_directory(path: str, overwrite: bool) -> None:
         raise _refuse(path, "is not a directory beam-dp wrote (--overwrite replaces only those)")
     try:
         with open(os.path.join(path, MARKER)) as f:
-            written = set(json.load(f)["files"])
+            written = dict(json.load(f)["files"])
     except (OSError, ValueError, KeyError, TypeError):
         raise _refuse(path, f"has no {MARKER} marker, so beam-dp did not write it "
                             "(--overwrite replaces only directories beam-dp wrote)") from None
-    foreign = set(os.listdir(path)) - written - {MARKER}
+    # Only regular files the marker lists, with the sizes it recorded: a directory, a link, a
+    # file added or changed since (or a marker edited to list a user's file) is not ours.
+    foreign = [name for name in os.listdir(path) if name != MARKER
+               and not _as_written(os.path.join(path, name), written.get(name))]
     if foreign:
-        raise _refuse(path, f"holds {len(foreign)} file(s) beam-dp did not write there "
-                            "(move them away first)")
+        raise _refuse(path, f"holds {len(foreign)} entries beam-dp did not write there or that "
+                            "changed since (move them away first)")
+
+
+def _as_written(path: str, size) -> bool:
+    status = os.lstat(path)
+    return stat.S_ISREG(status.st_mode) and status.st_size == size
+
+
+def _manifest(directory: str) -> dict:
+    """What a job wrote: each regular file's size (the marker's content)."""
+    return {name: os.lstat(os.path.join(directory, name)).st_size
+            for name in sorted(os.listdir(directory))
+            if stat.S_ISREG(os.lstat(os.path.join(directory, name)).st_mode)}
+
+
+def check_not_inside(output: str, inputs) -> None:
+    """Refuses an output directory that holds (or is) one of the job's input files: replacing
+    it would delete the data the job just read."""
+    if "://" in output:
+        return
+    root = os.path.realpath(output)
+    for name in inputs:
+        if "://" not in name and os.path.commonpath([root, os.path.realpath(name)]) == root:
+            raise _refuse(os.path.abspath(output), "holds this job's own input files")
 
 
 @contextlib.contextmanager
@@ -201,7 +228,7 @@ def atomic_directory(path: str, overwrite: bool = False):
     try:
         yield tmp
         with open(os.path.join(tmp, MARKER), "w") as f:
-            json.dump({"written_by": "beam-dp", "files": sorted(os.listdir(tmp))}, f)
+            json.dump({"written_by": "beam-dp", "files": _manifest(tmp)}, f)
         check_output_directory(path, overwrite)   # again: it may have changed meanwhile
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

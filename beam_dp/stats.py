@@ -239,6 +239,12 @@ class QuantileStage:
     outliers: float = 0.0
     margin: float = 0.0
 
+    def __post_init__(self):
+        # The utility's sensitivity is 1 only for quantiles in [0, 1] (a p outside moves the
+        # target by more than one rank when a value is added).
+        if not all(0.0 <= p <= 1.0 for p in self.quantiles):
+            raise ValueError("quantiles must be fractions in [0, 1]")
+
     @property
     def shape(self):
         return (self.columns, self.grid_size + 1)

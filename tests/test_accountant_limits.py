@@ -290,3 +290,15 @@ def test_rdp_reporting_states_what_the_messages_mean(absl_messages):
     with_logging = rdp_privacy_accountant.RdpAccountant(neighboring_relation=ADD_REMOVE).compose(
         ev.PoissonSampledDpEvent(_Q, ev.GaussianDpEvent(1.0)), _STEPS).get_epsilon(1e-5)
     assert epsilon == with_logging
+
+
+def test_a_tiny_noise_multiplier_reports_a_finite_upper_bound():
+    """Found in review: --noise-multiplier 1e-6 made dp_accounting overflow (exp of a huge
+    discretization interval). Past MAX_DISCRETIZATION no PLD is built; RDP's bound is reported
+    and the notes say so."""
+    from dp_accounting import dp_event as events
+
+    notes: list[str] = []
+    epsilon = accounting.epsilon_of(events.GaussianDpEvent(1e-6), 1e-5, notes=notes)
+    assert math.isfinite(epsilon) and epsilon > 1e9
+    assert notes and "RDP" in notes[0]

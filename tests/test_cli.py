@@ -575,3 +575,65 @@ def test_local_and_beam_runners_agree_on_gzipped_csv_softmax(tmp_path, cli):
     assert local.shape == (4 * 5 + 4,) and np.all(local[-4:] == 0)
     assert np.linalg.norm(local) > 0
     np.testing.assert_allclose(beam, local, rtol=1e-6, atol=1e-9 * np.abs(local).max())
+
+
+# ------------------------------------------------------------- review findings (issue 8, 10/12)
+
+
+def test_overwrite_never_replaces_the_jobs_own_input(tmp_path, cli):
+    """make-data's directory carries a marker; training into it with --overwrite would delete
+    the shards the job just read."""
+    data_dir = tmp_path / "data"
+    assert cli("make-data", "--output", data_dir, "--n", 600, "--d", 3, "--validation-n", 0).code == 0
+    before = sorted(os.listdir(data_dir))
+    for command in (["train", *FAST], ["stats", "--epsilon", 1]):
+        r = cli(*command, "--input", data_dir / "train-*.parquet", "--output", data_dir,
+                "--overwrite", *LOCAL)
+        assert r.code == 2 and "own input" in r.err, r
+        assert sorted(os.listdir(data_dir)) == before
+
+
+@pytest.mark.parametrize("change", ["edited_marker", "subdirectory", "changed_file"])
+def test_overwrite_checks_what_the_marker_recorded(tmp_path, cli, small_binary, change):
+    out = tmp_path / "out"
+    assert cli(*train_args(small_binary, out, *LOCAL, *FAST)).code == 0
+    if change == "edited_marker":   # a user's file listed in the marker by hand
+        (out / "precious.txt").write_text("mine")
+        marker = json.loads((out / report.MARKER).read_text())
+        marker["files"]["precious.txt"] = 1
+        (out / report.MARKER).write_text(json.dumps(marker))
+    elif change == "subdirectory":
+        (out / "sub").mkdir()
+        (out / "sub" / "keep.txt").write_text("mine")
+    else:                           # a file beam-dp wrote, edited since
+        (out / "model.json").write_text("{}")
+    r = cli(*train_args(small_binary, out, *LOCAL, *FAST, "--overwrite"))
+    assert r.code == 2 and "nothing was replaced or deleted" in r.err, r
+    assert os.path.exists(out / report.MARKER)
+
+
+def test_repeated_single_valued_flags_are_refused_and_inputs_accumulate(tmp_path, cli, small_binary):
+    first, second, third = small_binary["train_files"]
+    r = cli(*train_args(small_binary, tmp_path / "a", *LOCAL, "--steps", 2, "--epsilon", 0.5,
+                        "--epsilon", 8))
+    assert r.code == 2 and "--epsilon given twice" in r.err, r
+    assert not (tmp_path / "a").exists()
+    r = cli("train", "--input", first, "--output", tmp_path / "b", *LOCAL, *FAST,
+            "--feature-columns", "f0,f1", "--feature-columns", "f2")
+    assert r.code == 2 and "--feature-columns given twice" in r.err, r
+    # --input given twice reads both (argparse alone would keep only the last).
+    common = [*LOCAL, *FAST, "--seed", 4, "--num-examples", SMALL_N]
+    assert cli("train", "--input", first, "--input", second, third, "--output", tmp_path / "c",
+               *common).code == 0
+    assert cli("train", "--input", small_binary["train_glob"], "--output", tmp_path / "d",
+               *common).code == 0
+    np.testing.assert_array_equal(model_theta(tmp_path / "c"), model_theta(tmp_path / "d"))
+
+
+def test_a_file_reached_twice_is_read_once(tmp_path, small_binary):
+    from beam_dp import data
+
+    link = tmp_path / "again"
+    link.symlink_to(small_binary["dir"])
+    files = data.list_files(f"{small_binary['train_glob']},{link}/train-*.parquet")
+    assert files == sorted(os.path.realpath(f) for f in small_binary["train_files"])

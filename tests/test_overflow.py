@@ -393,3 +393,24 @@ def test_one_huge_row_changes_the_model_as_one_ordinary_row(algorithm, kind):
         bound = _sensitivity_bound(log, block.key, ROW % BLOCK_ROWS)
         assert 0 < bound
         assert np.linalg.norm(huge - base) <= bound * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("clip_norm", [1e10, 1e300])
+@pytest.mark.parametrize("fit_intercept", [True, False])
+def test_huge_clip_norms_keep_infinite_derivatives_bounded(clip_norm, fit_intercept):
+    """An infinite loss derivative (squared loss, |s - y| beyond the float range) is a clipped
+    gradient along its sign for every clip norm; C * 2^1000 overflowing must not let it through
+    the plain path as 0 * inf = NaN (found in review)."""
+    derivative = np.array([[np.inf], [-np.inf], [1.0]])
+    x = np.array([[-1e-10], [3.0], [2.0]])
+    with np.errstate(all="raise"), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = clipping.clipped_outer_sums(derivative, x, None, [clip_norm], fit_intercept)
+        per_row = [clipping.clipped_outer_sums(derivative[i:i + 1], x[i:i + 1], None, [clip_norm],
+                                               fit_intercept)[0] for i in range(3)]
+    assert np.all(np.isfinite(out))
+    for contribution in per_row:   # norms taken after scaling by C (squares of 1e300 overflow)
+        assert np.linalg.norm(contribution / clip_norm) <= 1 + 1e-12
+    # The infinite rows saturate at C along their sign; the finite row is not clipped.
+    assert np.linalg.norm(per_row[0] / clip_norm) == pytest.approx(1.0, rel=1e-12)
+    np.testing.assert_allclose(per_row[2][0, 0], 2.0)

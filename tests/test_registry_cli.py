@@ -3,8 +3,8 @@ items of issue 8: training/serving skew (7), the dpgd default step count (9), --
 unquoted globs (12) and rough edges (13).
 
 Every CLI run is in-process (``beam_dp.cli.main``) with ``--runner local`` unless the Beam path is
-the point. argparse's own errors leave ``main`` as ``SystemExit``; ``run`` turns both kinds of
-exit into one exit code.
+the point. ``main`` returns the exit code of every error, argparse's included (``run`` also
+accepts a ``SystemExit``, as the console script sees one).
 """
 from __future__ import annotations
 
