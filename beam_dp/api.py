@@ -62,12 +62,14 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
         if runner not in (None, LOCAL):
             raise ValueError("in-memory arrays train in-process; write them to files to use a Beam runner")
         feature_columns, aggregator = _array_input(X, y, loss, feature_columns, batch_rows)
+        files = "in-memory arrays"
     else:
-        feature_columns, aggregator = _file_input(input, runner or DEFAULT_BEAM_RUNNER,
-                                                  list(pipeline_args), loss, label_column,
-                                                  feature_columns, batch_rows)
+        files, feature_columns, aggregator = _file_input(input, runner or DEFAULT_BEAM_RUNNER,
+                                                         list(pipeline_args), loss, label_column,
+                                                         feature_columns, batch_rows)
+    source = {"files": files, "label_column": label_column, "feature_columns": list(feature_columns)}
     problem = registry.Problem(loss, len(feature_columns), privacy, fit_intercept,
-                               steps_per_pipeline, checkpoint_dir)
+                               steps_per_pipeline, checkpoint_dir, source)
     chosen.check(problem)
     ledger = accounting.Ledger(accountant, chosen.relation)
     result = chosen.train(algorithm_options, problem, aggregator,
@@ -77,13 +79,32 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
                                      chosen.name, fit_intercept, result.feature_transform)
     privacy_report = report.privacy_report(ledger, privacy, result, chosen, algorithm_options,
                                            seed_fixed=seed is not None)
-    n = result.dataset_size["value"]
-    if delta * n >= 1:
-        message = (f"delta = {delta:g} is not small against 1/n (n ~ {n}): a mechanism may then "
-                   "publish a row outright; choose delta well below 1/n")
+    for message in _warnings(privacy_report, result.dataset_size):
         privacy_report.setdefault("warnings", []).append(message)
         warnings.warn(message, PrivacyWarning, stacklevel=2)
     return Model(artifact, privacy_report)
+
+
+LARGE_EPSILON = 10.0
+
+
+def _warnings(privacy_report: dict, dataset_size: dict) -> list[str]:
+    """Settings that weaken the guarantee or the model, from public values only (the reported
+    epsilon, delta and the released count with its public error bound)."""
+    found = []
+    n, delta, epsilon = dataset_size["value"], privacy_report["delta"], privacy_report["epsilon"]
+    if delta * n >= 1:
+        found.append(f"delta = {delta:g} is not small against 1/n (n ~ {n}): a mechanism may then "
+                     "publish a row outright; choose delta well below 1/n")
+    if epsilon > LARGE_EPSILON:
+        found.append(f"epsilon = {epsilon:.4g} is above {LARGE_EPSILON:g}: the guarantee says "
+                     "little at that level")
+    error = dataset_size.get("error_bound_95")
+    if error is not None and error > 0.1 * n:
+        found.append(f"the private count's 95% error (+-{error:.0f} rows) is large against n ~ {n}: "
+                     "steps are normalized by a cautious floor and learn slowly; give "
+                     "num_examples (--num-examples) if n is public, or a larger count_epsilon")
+    return found
 
 
 def _file_input(input, runner, pipeline_args, loss, label_column, feature_columns, batch_rows):
@@ -100,10 +121,10 @@ def _file_input(input, runner, pipeline_args, loss, label_column, feature_column
     if runner == LOCAL:
         from beam_dp.local import LocalAggregator
         blocks = data.load_blocks(files, label_column, columns, loss, batch_rows)
-        return columns, LocalAggregator(blocks)
+        return files, columns, LocalAggregator(blocks)
     from beam_dp.beam.aggregator import BeamAggregator
-    return columns, BeamAggregator(files, label_column, columns, loss, batch_rows,
-                                   ["--runner", runner] + pipeline_args)
+    return files, columns, BeamAggregator(files, label_column, columns, loss, batch_rows,
+                                          ["--runner", runner] + pipeline_args)
 
 
 def _feature_names(X, feature_columns, width: int) -> list[str]:

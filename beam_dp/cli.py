@@ -1,4 +1,4 @@
-"""The ``beam-dp`` command: train, algorithms, predict, stats, make-data.
+"""The beam-dp command: train, algorithms, predict, stats, make-data.
 
 A thin layer over the Python API (``beam_dp.train``): flags are generated from the algorithm
 registry, so ``beam-dp train --algorithm X --help`` lists X's own options with their defaults.
@@ -13,8 +13,10 @@ import argparse
 import dataclasses
 import logging
 import os
+import signal
 import sys
 import tempfile
+import threading
 import textwrap
 import warnings
 
@@ -146,7 +148,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                        help="fit no intercept")
 
     privacy = train.add_argument_group("privacy")
-    budget = privacy.add_mutually_exclusive_group(required=True)
+    # One of the two is required; checked after the unknown flags (so that a misspelt --epsilom
+    # is named rather than reported as a missing --epsilon).
+    budget = privacy.add_mutually_exclusive_group()
     budget.add_argument("--epsilon", type=float, help="target epsilon: the noise is calibrated to it")
     budget.add_argument("--noise-multiplier", type=float,
                         help="instead of --epsilon: this noise, and report the epsilon it buys")
@@ -213,6 +217,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     predict.add_argument("--overwrite", action="store_true",
                          help="replace an existing predictions file that beam-dp wrote")
     predict.add_argument("--batch-rows", type=_positive_int, default=65536, help="rows per block read")
+    parser.command_parsers = {"train": train, "stats": st, "predict": predict, "make-data": make}
     return parser
 
 
@@ -269,8 +274,9 @@ def _refuse_unknown_flags(parser, runner: str | None, extra: list[str]) -> None:
         parser.error(f"unknown flag(s) {', '.join(named)}: neither beam-dp nor Beam knows them")
 
 
-def _parse(parser, argv: list[str]):
-    args, extra = parser.parse_known_args(argv)
+def _parse(top, argv: list[str]):
+    args, extra = top.parse_known_args(argv)
+    parser = top.command_parsers.get(args.command, top)   # its errors point at its own --help
     if extra and args.command not in ("train", "stats"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "train":
@@ -280,16 +286,53 @@ def _parse(parser, argv: list[str]):
         parser.error(f"unexpected argument(s) {' '.join(stray)}: if the shell expanded a glob, "
                      "quote it (--input 'data/train-*.parquet') or list every file after --input")
     _refuse_unknown_flags(parser, args.runner if extra else None, extra)
+    if args.command == "train" and args.epsilon is None and args.noise_multiplier is None:
+        parser.error("give --epsilon (the target) or --noise-multiplier")
     return args, extra
 
 
+# Set by Ctrl-C. Beam's runner threads may swallow the KeyboardInterrupt (an "Exception ignored"
+# in a weakref callback) or wrap it in another error, so the flag, checked before any output is
+# written, is what decides that an interrupted job writes nothing.
+_INTERRUPTED = threading.Event()
+
+
+def _on_interrupt(signum, frame):
+    _INTERRUPTED.set()
+    raise KeyboardInterrupt
+
+
+def _stop_if_interrupted() -> None:
+    if _INTERRUPTED.is_set():
+        raise KeyboardInterrupt
+
+
+def console_main() -> None:
+    """The ``beam-dp`` command. After an interrupt it exits at once: Beam's non-daemon threads
+    could otherwise keep the process waiting after the message."""
+    code = main()
+    if _INTERRUPTED.is_set():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _INTERRUPTED.clear()
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, _on_interrupt) if in_main_thread else None
+    try:
+        return _main(argv)
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _main(argv: list[str]) -> int:
     from beam_dp.data import DataError
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    runner_log = logging.getLogger("apache_beam.runners.common")
-    if not any(isinstance(f, _DropOwnInputErrors) for f in runner_log.filters):
-        runner_log.addFilter(_DropOwnInputErrors())
     try:   # usage errors (and --help) exit through argparse: return their code instead
         args, extra = _parse(build_parser(argv), argv)
     except SystemExit as e:
@@ -305,14 +348,13 @@ def main(argv: list[str] | None = None) -> int:
             return _stats(args, extra)
         return _predict(args)
     except KeyboardInterrupt:
-        resume = (f"; rerun the same command to resume from {args.checkpoint_dir}"
-                  if getattr(args, "checkpoint_dir", None) else "")
-        print(f"beam-dp: interrupted; no output was written{resume}", file=sys.stderr)
-        return 130
+        return _interrupted(args)
     except (DataError, ValueError, TypeError, OSError) as e:
         print(f"beam-dp: error: {_one_line(e)}", file=sys.stderr)
         return 2
     except Exception as e:  # a Beam runner wraps worker errors; show our one line if it is there
+        if _INTERRUPTED.is_set():   # Beam wrapped the KeyboardInterrupt
+            return _interrupted(args)
         text = str(e)
         if DataError.MARKER in text:
             line = text[text.index(DataError.MARKER) + len(DataError.MARKER):].splitlines()[0]
@@ -322,13 +364,13 @@ def main(argv: list[str] | None = None) -> int:
         raise
 
 
-class _DropOwnInputErrors:
-    """A logging filter for Beam's DoFn runner, which logs a failing worker's traceback before
-    re-raising: our input errors are reported once, as one line, by ``main``."""
-
-    def filter(self, record) -> bool:
-        from beam_dp.data import DataError
-        return DataError.MARKER not in record.getMessage()
+def _interrupted(args) -> int:
+    _INTERRUPTED.set()
+    checkpoint = getattr(args, "checkpoint_dir", None)
+    resume = (f"; rerun the same command to resume from {checkpoint}"
+              if checkpoint and os.path.exists(os.path.join(checkpoint, "state.npz")) else "")
+    print(f"beam-dp: interrupted; no output was written{resume}", file=sys.stderr)
+    return 130
 
 
 def _one_line(e: BaseException) -> str:
@@ -426,6 +468,7 @@ def _train(args, beam_args: list[str]) -> int:
         metrics = report.evaluate(model.loss, model.theta, blocks)
         metrics["covered_by_privacy_guarantee"] = False
         metrics["note"] = "computed on the validation data without noise; not differentially private"
+    _stop_if_interrupted()
     with report.atomic_directory(args.output, args.overwrite) as out:
         report.write_json(out, "model.json", model.artifact)
         report.write_json(out, "privacy_report.json", model.privacy_report)
@@ -490,6 +533,7 @@ def _stats(args, beam_args: list[str]) -> int:
         summary["privacy"] = _privacy_report(ledger, args.delta, args.seed is not None,
                                              requested_epsilon=args.epsilon,
                                              value_bound=args.value_bound)
+        _stop_if_interrupted()
         report.write_json(out, "stats_report.json", summary)
     for warning in summary["warnings"]:     # public bounds only, never a data value
         print(f"beam-dp: warning: {warning}", file=sys.stderr)
@@ -523,6 +567,7 @@ def _predict(args) -> int:
     os.close(fd)
     try:
         data.write_table(tmp, columns)
+        _stop_if_interrupted()
         os.replace(tmp, args.output)
     except (OSError, pa.ArrowException) as e:
         reason = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__

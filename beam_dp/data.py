@@ -389,9 +389,13 @@ def load_blocks(files: Sequence[str], label_column: str, feature_columns: Sequen
 
 
 def write_table(path: str, columns: dict[str, np.ndarray]) -> None:
+    """Parquet, CSV, or gzipped CSV (.csv.gz), by the file name."""
     table = pa.table(columns)
     if file_format(path) == "parquet":
         pq.write_table(table, path)
+    elif path.lower().endswith(".gz"):
+        with pa.CompressedOutputStream(path, "gzip") as f:
+            pa_csv.write_csv(table, f)
     else:
         pa_csv.write_csv(table, path)
 

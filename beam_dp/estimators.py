@@ -25,13 +25,26 @@ import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils.validation import check_is_fitted
+from sklearn.utils.validation import validate_data as _sklearn_validate_data
 
 from beam_dp import api
 
 
-class PrivacyLeakWarning(UserWarning):
+class PrivacyLeakWarning(api.PrivacyWarning):
     """A parameter that should be public was taken from the data."""
+
+
+def validate_data(*args, **kwargs):
+    """scikit-learn's input validation, whose conversion error quotes the offending cell
+    ("could not convert string to float: '...'"): replaced by one that names no value."""
+    try:
+        return _sklearn_validate_data(*args, **kwargs)
+    except ValueError as e:
+        if "could not convert" in str(e) or "invalid literal" in str(e):
+            raise ValueError("X (or y) holds a value that is not a number; encode text columns "
+                             "first (e.g. with a OneHotEncoder)") from None
+        raise
 
 
 def _seed(random_state) -> int | None:
@@ -155,17 +168,12 @@ class _DPRegressor(RegressorMixin, _DPEstimator):
 
 
 class DPLinearRegression(_DPRegressor):
-    """Least-squares regression with differential privacy. The default algorithm is ``ssp``
-    (sufficient statistics: one pass, nothing to tune; its defaults suit standardized features
-    and targets within +-4)."""
+    """Least-squares regression with differential privacy (default algorithm dpgd; ``ssp`` is
+    the one-pass alternative for few features: see the README's guide). Its defaults suit
+    standardized features and targets: scale the target too (e.g. a TransformedTargetRegressor
+    with public bounds), since clipping bounds each example's influence."""
 
     _model = "linear"
-
-    def __init__(self, epsilon=1.0, delta=1e-5, algorithm="ssp", algorithm_options=None,
-                 accountant="pld", num_examples=None, count_epsilon=None, fit_intercept=True,
-                 random_state=None):
-        super().__init__(epsilon, delta, algorithm, algorithm_options, accountant, num_examples,
-                         count_epsilon, fit_intercept, random_state)
 
 
 class DPHuberRegressor(_DPRegressor):

@@ -158,7 +158,8 @@ def _exists(path: str, overwrite: bool, replaceable: str) -> bool:
     directory); True when something is and ``overwrite`` allows considering it; else refused."""
     if os.path.lexists(path):
         if not overwrite:
-            raise FileExistsError(f"{path} already exists (pass --overwrite to replace {replaceable})")
+            raise FileExistsError(f"{path} already exists (pass --overwrite, or overwrite=True in "
+                                  f"Python, to replace {replaceable})")
         return True
     parent = os.path.dirname(path)
     while not os.path.exists(parent):
@@ -248,12 +249,16 @@ PREDICTION_COLUMNS = ("prediction", "probability")
 def check_output_file(path: str, overwrite: bool) -> None:
     """For ``predict --output``: an existing file is replaced only with ``overwrite`` and only if
     it is a predictions file beam-dp wrote (a regular file whose columns are exactly ours)."""
+    from beam_dp import data
+
     path = os.path.abspath(path)
+    if os.path.isdir(path) and not overwrite:
+        raise ValueError(f"{path} is a directory: give a predictions file name (.csv or .parquet)")
     if not _exists(path, overwrite, "a predictions file beam-dp wrote"):
+        data.file_format(path)   # .csv, .csv.gz or .parquet, before any work
         return
     if os.path.islink(path) or not os.path.isfile(path):
         raise _refuse(path, "is not a regular file")
-    from beam_dp import data
     try:
         columns = data.read_schema(path).names
     except data.DataError:

@@ -637,3 +637,14 @@ def test_a_file_reached_twice_is_read_once(tmp_path, small_binary):
     link.symlink_to(small_binary["dir"])
     files = data.list_files(f"{small_binary['train_glob']},{link}/train-*.parquet")
     assert files == sorted(os.path.realpath(f) for f in small_binary["train_files"])
+
+
+def test_checkpoint_of_another_input_is_refused(tmp_path, cli, small_binary):
+    """A checkpoint records the (public) input it was written for: resuming it over other files
+    would silently return the old model and report the old noisy count (new-user trial)."""
+    ckpt = tmp_path / "ckpt"
+    args = [*LOCAL, *FAST, "--seed", 5, "--checkpoint-dir", ckpt]
+    assert cli(*train_args(small_binary, tmp_path / "a", *args)).code == 0
+    r = cli("train", "--input", small_binary["validation_glob"], "--output", tmp_path / "b", *args)
+    assert r.code == 2 and "different configuration" in r.err, r
+    assert not (tmp_path / "b").exists()

@@ -113,7 +113,8 @@ class _FakeTraining:
         self.theta, self.preprocessing = theta, preprocessing
 
     def __call__(self, config, loss, dim, aggregator, seed, ledger, on_progress=None,
-                 checkpoint_dir=None, preprocess=None, make_transform=None, clip_norm_from=None):
+                 checkpoint_dir=None, preprocess=None, make_transform=None, clip_norm_from=None,
+                 checkpoint_key=None):
         self.config, self.dim = config, dim
         self.transform = make_transform(self.preprocessing)
         self.clip_norm = clip_norm_from(self.preprocessing) if clip_norm_from else config.clip_norm

@@ -27,9 +27,9 @@ from beam_dp.estimators import (DPHuberRegressor, DPLinearRegression, DPLinearSV
 
 # Checks a DP estimator fails by design, with the reason. Everything else must pass.
 EXPECTED_FAILED_CHECKS = {
-    "DPLinearRegression": {
+    "DPLinearRegression(ssp)": {
         "check_regressors_train": (
-            "asserts R^2 > 0.5 on scikit-learn's 200-row, 10-feature regression set; the default "
+            "asserts R^2 > 0.5 on scikit-learn's 200-row, 10-feature regression set; the "
             "algorithm ssp adds noise of scale ~ d^3 / (epsilon n)^2 to its sufficient "
             "statistics, and at epsilon = 1, n = 200, d = 10 it reaches R^2 ~ 0.1 (0.05-0.18 over "
             "seeds 0-4; OLS: 0.81). That is the accuracy of differential privacy at this n, not "
@@ -40,11 +40,12 @@ EXPECTED_FAILED_CHECKS = {
 
 
 def _expected_failed_checks(estimator):
-    return EXPECTED_FAILED_CHECKS.get(type(estimator).__name__, {})
+    return EXPECTED_FAILED_CHECKS.get(f"{type(estimator).__name__}({estimator.algorithm})", {})
 
 
 ESTIMATORS = [DPLogisticRegression(random_state=0), DPLinearSVC(random_state=0),
-              DPLinearRegression(random_state=0), DPHuberRegressor(random_state=0)]
+              DPLinearRegression(random_state=0), DPLinearRegression(algorithm="ssp", random_state=0),
+              DPHuberRegressor(random_state=0)]
 
 
 @parametrize_with_checks(ESTIMATORS, expected_failed_checks=_expected_failed_checks)
@@ -259,3 +260,13 @@ def test_islr_default_beats_majority_with_more_steps(islr_default):
     majority = float(np.mean(islr_default[3] == "No"))
     accuracies = _accuracies(islr_default, algorithm_options={"steps": 2000, "average_iterates": False})
     assert all(a > majority for a in accuracies), accuracies
+
+
+def test_conversion_errors_never_quote_a_cell():
+    """scikit-learn's own message would quote the cell ("could not convert string to float")."""
+    import pandas as pd
+
+    frame = pd.DataFrame({"a": [1.0, 2.0, 3.0, 4.0], "b": ["1", "2", "SECRET-X", "4"]})
+    with pytest.raises(ValueError) as info:
+        DPLogisticRegression(classes=[0, 1], random_state=0).fit(frame, [0, 1, 0, 1])
+    assert "SECRET" not in str(info.value) and info.value.__cause__ is None

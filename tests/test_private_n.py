@@ -235,7 +235,8 @@ class _PreprocessOnly:
         self.n = n
 
     def __call__(self, config, loss, dim, aggregator, seed, ledger, on_progress=None,
-                 checkpoint_dir=None, preprocess=None, make_transform=None, clip_norm_from=None):
+                 checkpoint_dir=None, preprocess=None, make_transform=None, clip_norm_from=None,
+                 checkpoint_key=None):
         pre = preprocess(self.n)
         self.transform = make_transform(pre)
         return noisy_gd.TrainResult(np.zeros((1, dim)), ledger, 1.0, 0.1, 1, 1.0,

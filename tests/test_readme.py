@@ -33,6 +33,9 @@ def test_python_api_examples_run(tmp_path, monkeypatch):
     namespace: dict = {}
     exec(compile(blocks[0], "README: Python API", "exec"), namespace)
     assert namespace["model"].privacy_report["epsilon"] <= 1.0
+    # The first model (dpgd) on held-out rows of the same distribution, as the comment says.
+    model = namespace["beam_dp"].Model.load(str(tmp_path / "out" / "notebook-model"))
+    assert 0.78 < model.score(namespace["X_test"], namespace["y_test"]) < 0.88
     assert os.path.exists(tmp_path / "out" / "notebook-model" / "model.json")
     # blocks[1] needs files that the example job writes; it is the API over files, tested in
     # tests/test_api.py. blocks[2]: the estimator in an sklearn Pipeline.

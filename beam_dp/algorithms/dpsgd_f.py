@@ -87,7 +87,8 @@ class DpsgdFConfig:
 
 def train(config: noisy_gd.NoisyGDConfig, f_config: DpsgdFConfig, loss: GlmLoss, dim: int,
           aggregator, seed: int, ledger: accounting.Ledger, on_progress=lambda *a: None,
-          checkpoint_dir: str | None = None) -> noisy_gd.TrainResult:
+          checkpoint_dir: str | None = None,
+          checkpoint_key: dict | None = None) -> noisy_gd.TrainResult:
     f_config.validate()
     eps_f = f_config.epsilon_for(config.epsilon)
     if config.epsilon is not None and eps_f >= config.epsilon:
@@ -110,7 +111,8 @@ def train(config: noisy_gd.NoisyGDConfig, f_config: DpsgdFConfig, loss: GlmLoss,
             return features.Chain((normalize, features.Center(tuple(pre["mean"]))))
 
         result = noisy_gd.train(config, loss, dim, aggregator, seed, ledger, on_progress,
-                                checkpoint_dir, preprocess, make_transform)
+                                checkpoint_dir, preprocess, make_transform,
+                                checkpoint_key=checkpoint_key)
         mean = np.asarray(result.preprocessing["mean"])
         theta = result.theta.copy()
         theta[:, -1] -= theta[:, :-1] @ mean
@@ -198,7 +200,7 @@ def train(config: noisy_gd.NoisyGDConfig, f_config: DpsgdFConfig, loss: GlmLoss,
     # Its clip norm sqrt(2) G tau depends on tau, which is released during preprocessing.
     inner = dataclasses.replace(config, fit_intercept=False)
     result = noisy_gd.train(inner, loss, dim + 1, aggregator, seed, ledger, on_progress,
-                            checkpoint_dir, preprocess, make_transform,
+                            checkpoint_dir, preprocess, make_transform, checkpoint_key=checkpoint_key,
                             clip_norm_from=lambda pre: math.sqrt(2.0) * loss.score_lipschitz * pre["tau"])
     pre = result.preprocessing
     w = result.theta[:, :dim]
@@ -228,7 +230,7 @@ def _train_registered(options: DpsgdFOptions, problem: Problem, aggregator, seed
     f_config = DpsgdFConfig(options.variant, options.preprocess_epsilon, options.feature_norm,
                             options.grid_size)
     return train(config, f_config, problem.loss, problem.dim, aggregator, seed, ledger, progress,
-                 problem.checkpoint_dir)
+                 problem.checkpoint_dir, checkpoint_key={"input": problem.source})
 
 
 DPSGD_F = Algorithm(

@@ -205,7 +205,8 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
           checkpoint_dir: str | None = None,
           preprocess: Callable[[int], dict] | None = None,
           make_transform: Callable[[dict], Callable] | None = None,
-          clip_norm_from: Callable[[dict], float] | None = None) -> TrainResult:
+          clip_norm_from: Callable[[dict], float] | None = None,
+          checkpoint_key: dict | None = None) -> TrainResult:
     """Trains a GLM with DP-SGD or DP-GD over ``dim`` model features.
 
     ``preprocess(n)``, if given, makes private releases (recorded in the ledger) before training
@@ -218,7 +219,7 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
     """
     config.validate()
     public_config = {k: v for k, v in dataclasses.asdict(config).items() if k != "steps_per_chunk"}
-    public_config.update(model=loss.name, dim=dim, outputs=loss.outputs())
+    public_config.update(model=loss.name, dim=dim, outputs=loss.outputs(), **(checkpoint_key or {}))
 
     resumed = load_checkpoint(checkpoint_dir, public_config) if checkpoint_dir else None
     if resumed is not None:
@@ -377,7 +378,8 @@ def _train_noisy(name: str, options, problem: Problem, aggregator, seed: int, le
     normalize = features.NormalizeRows(options.feature_norm) if options.feature_norm else None
     result = train(config, problem.loss, problem.dim, aggregator, seed, ledger, progress,
                    problem.checkpoint_dir,
-                   make_transform=(lambda pre: normalize) if normalize else None)
+                   make_transform=(lambda pre: normalize) if normalize else None,
+                   checkpoint_key={"input": problem.source})
     return dataclasses.replace(result, feature_transform=features.spec(normalize))
 
 

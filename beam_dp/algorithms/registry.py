@@ -166,6 +166,9 @@ class Problem:
     fit_intercept: bool = True
     steps_per_chunk: int = 25     # steps unrolled into one Beam pipeline
     checkpoint_dir: str | None = None
+    # Public description of the input (file paths, label and feature columns), so that a
+    # checkpoint is resumed only by a run over the same input. Never data values or sizes.
+    source: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,6 +3,7 @@ input, several steps unrolled into one pipeline (a chunk). The driver gets the s
 a file in a work directory and checkpoints between chunks."""
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import tempfile
@@ -32,11 +33,27 @@ def _take_pickle(path):
     return value
 
 
+class _DropOwnInputErrors(logging.Filter):
+    """Beam's DoFn runner logs a failing worker's traceback before re-raising the error. Our
+    input errors (value-free, one line) reach the caller as the exception itself, so that log
+    would only repeat them as a traceback."""
+
+    def filter(self, record) -> bool:
+        return DataError.MARKER not in record.getMessage()
+
+
+def _quiet_worker_input_errors() -> None:
+    log = logging.getLogger("apache_beam.runners.common")
+    if not any(isinstance(f, _DropOwnInputErrors) for f in log.filters):
+        log.addFilter(_DropOwnInputErrors())
+
+
 class BeamAggregator:
     """``pipeline_args`` are Beam's own flags (``--runner``, ``--project``, ...), passed through."""
 
     def __init__(self, files, label_column, feature_columns, loss, batch_rows,
                  pipeline_args: list[str], work_dir: str | None = None):
+        _quiet_worker_input_errors()
         self.read_args = (files, label_column, feature_columns, loss, batch_rows)
         self.pipeline_args = list(pipeline_args)
         self.block_maps: list = []
