@@ -151,7 +151,7 @@ def _array_input(X, y, loss, feature_columns, batch_rows):
     if len(labels) != x.shape[0]:
         raise ValueError(f"X has {x.shape[0]} rows but y has {len(labels)}")
     names = _feature_names(X, feature_columns, x.shape[1])
-    blocks = data.blocks_from_arrays(x, labels, loss, batch_rows)
+    blocks = data.blocks_from_arrays(x, labels, loss, batch_rows, feature_names=names)
     if not blocks:
         raise data.DataError("arrays: the input has no rows")
     return names, LocalAggregator(blocks)

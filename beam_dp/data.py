@@ -352,21 +352,10 @@ def blocks_from_file(path: str, label_column: str | None, feature_columns: Seque
                 features = np.empty((m, len(feature_columns)), dtype=np.float64)
                 for j, name in enumerate(feature_columns):
                     features[:, j] = _column_as_float(path, batch, name)
-                bad = np.flatnonzero(~np.isfinite(features).all(axis=1))
-                if bad.size:
-                    j = int(np.flatnonzero(~np.isfinite(features[bad[0]]))[0])
-                    raise DataError(f"{path}, row {row_start + int(bad[0]) + 1}: feature "
-                                    f"'{feature_columns[j]}' is missing or not finite")
-                if label_column is None:
-                    yield Block(features, np.zeros(m), path, row_start)
-                    row_start += m
-                    continue
-                try:
-                    labels = loss.encode_labels(_column_as_float(path, batch, label_column))
-                except losses_mod.LabelError as e:
-                    raise DataError(f"{path}, row {row_start + e.row + 1}: column "
-                                    f"'{label_column}': {e}") from None
-                yield Block(features, labels, path, row_start)
+                labels = (_column_as_float(path, batch, label_column)
+                          if label_column is not None else None)
+                yield validated_block(features, labels, loss, path, row_start, feature_columns,
+                                      label_column)
                 row_start += m
         return
     except DataError:
@@ -414,6 +403,22 @@ def as_feature_matrix(X) -> np.ndarray:
     return np.ascontiguousarray(array, dtype=np.float64)
 
 
+def validated_block(features: np.ndarray, raw_labels: np.ndarray | None, loss: losses_mod.GlmLoss,
+                    source: str, row_start: int, feature_names: Sequence[str] | None = None,
+                    label_column: str | None = "label") -> Block:
+    """A Block after the checks every input gets, from files or arrays alike: finite features
+    and labels the model can use (None: features only, labels zero, for prediction). Errors
+    name the source, the 1-based row and the column, never the value."""
+    check_finite(features, source, row_start, feature_names)
+    if raw_labels is None:
+        return Block(features, np.zeros(len(features)), source, row_start)
+    try:
+        labels = loss.encode_labels(raw_labels)
+    except losses_mod.LabelError as e:
+        raise DataError(f"{source}, row {row_start + e.row + 1}: column '{label_column}': {e}") from None
+    return Block(features, labels, source, row_start)
+
+
 def check_finite(x: np.ndarray, source: str, row_start: int = 0, names: Sequence[str] | None = None) -> None:
     """DataError naming the first row (1-based) and column holding a NaN or an infinity."""
     bad = np.flatnonzero(~np.isfinite(x).all(axis=1))
@@ -425,12 +430,8 @@ def check_finite(x: np.ndarray, source: str, row_start: int = 0, names: Sequence
 
 
 def blocks_from_arrays(x: np.ndarray, labels: np.ndarray, loss: losses_mod.GlmLoss,
-                       batch_rows: int = DEFAULT_BATCH_ROWS, source: str = "arrays") -> list[Block]:
+                       batch_rows: int = DEFAULT_BATCH_ROWS, source: str = "arrays",
+                       feature_names: Sequence[str] | None = None) -> list[Block]:
     """Validated Blocks of at most ``batch_rows`` rows from in-memory features and raw labels."""
-    check_finite(x, source)
-    try:
-        encoded = loss.encode_labels(labels)
-    except losses_mod.LabelError as e:
-        raise DataError(f"{source}, row {e.row + 1}: column 'label': {e}") from None
-    return [Block(x[i:i + batch_rows], encoded[i:i + batch_rows], source, i)
-            for i in range(0, len(x), batch_rows)]
+    return [validated_block(x[i:i + batch_rows], labels[i:i + batch_rows], loss, source, i,
+                            feature_names, "y") for i in range(0, len(x), batch_rows)]
