@@ -64,9 +64,9 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
         feature_columns, aggregator = _array_input(X, y, loss, feature_columns, batch_rows)
         files = "in-memory arrays"
     else:
-        files, feature_columns, aggregator = _file_input(input, runner or DEFAULT_BEAM_RUNNER,
-                                                         list(pipeline_args), loss, label_column,
-                                                         feature_columns, batch_rows)
+        files, feature_columns, aggregator = file_input(input, runner or DEFAULT_BEAM_RUNNER,
+                                                        list(pipeline_args), loss, label_column,
+                                                        feature_columns, batch_rows)
     source = {"files": files, "label_column": label_column, "feature_columns": list(feature_columns)}
     problem = registry.Problem(loss, len(feature_columns), privacy, fit_intercept,
                                steps_per_pipeline, checkpoint_dir, source)
@@ -107,8 +107,11 @@ def _warnings(privacy_report: dict, dataset_size: dict) -> list[str]:
     return found
 
 
-def _file_input(input, runner, pipeline_args, loss, label_column, feature_columns, batch_rows):
-    """The training files' feature columns and the aggregator for the chosen runner."""
+def file_input(input, runner, pipeline_args, loss, label_column, feature_columns, batch_rows,
+               read_label: bool = True):
+    """The input files, their feature columns and the aggregator for the chosen runner.
+    ``read_label`` False (private statistics): the label column is only left out of the
+    default features."""
     patterns = [input] if isinstance(input, str) else list(input)
     files = sorted({f for pattern in patterns for f in data.list_files(pattern)})
     if not files:   # input=[] or "" (list_files of "" matches nothing without an error)
@@ -117,13 +120,15 @@ def _file_input(input, runner, pipeline_args, loss, label_column, feature_column
         open_file = data.open_local
     else:
         from beam_dp.beam.transforms import open_file
-    columns = data.resolve_feature_columns(files[0], label_column, feature_columns, open_file)
+    columns = data.resolve_feature_columns(files[0], label_column, feature_columns, open_file,
+                                           require_label=read_label)
+    read = label_column if read_label else None
     if runner == LOCAL:
         from beam_dp.local import LocalAggregator
-        blocks = data.load_blocks(files, label_column, columns, loss, batch_rows)
+        blocks = data.load_blocks(files, read, columns, loss, batch_rows)
         return files, columns, LocalAggregator(blocks)
     from beam_dp.beam.aggregator import BeamAggregator
-    return files, columns, BeamAggregator(files, label_column, columns, loss, batch_rows,
+    return files, columns, BeamAggregator(files, read, columns, loss, batch_rows,
                                           ["--runner", runner] + pipeline_args)
 
 

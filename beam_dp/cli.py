@@ -416,27 +416,17 @@ def _progress_callback():
     return update
 
 
-def _input(args, beam_args: list[str], loss, label_column):
-    """The files, their feature columns and the aggregator for the chosen runner (stats)."""
-    from beam_dp import data, report
+def _input(args, beam_args: list[str], loss):
+    """The files, their feature columns and the aggregator for ``stats`` (no label read); the
+    output is checked before anything is read."""
+    from beam_dp import api, data, report
 
-    report.check_output_directory(args.output, args.overwrite)   # before reading anything
+    report.check_output_directory(args.output, args.overwrite)
     files = sorted({f for pattern in args.input for f in data.list_files(pattern)})
     report.check_not_inside(args.output, files)
-    if args.runner == "local":
-        open_file = data.open_local
-    else:
-        from beam_dp.beam.transforms import open_file
-    features = data.resolve_feature_columns(files[0], args.label_column, args.feature_columns,
-                                            open_file, require_label=label_column is not None)
-    if args.runner == "local":
-        from beam_dp.local import LocalAggregator
-        aggregator = LocalAggregator(data.load_blocks(files, label_column, features, loss, args.batch_rows))
-    else:
-        from beam_dp.beam.aggregator import BeamAggregator
-        aggregator = BeamAggregator(files, label_column, features, loss, args.batch_rows,
-                                    ["--runner", args.runner] + beam_args)
-    return features, aggregator, open_file
+    _, features, aggregator = api.file_input(files, args.runner, beam_args, loss, args.label_column,
+                                             args.feature_columns, args.batch_rows, read_label=False)
+    return features, aggregator
 
 
 def _privacy_report(ledger, delta: float, seed_fixed: bool, **fields) -> dict:
@@ -518,7 +508,7 @@ def _stats(args, beam_args: list[str]) -> int:
         # (The grids span value_bound * sqrt(d): a bound near the float range would overflow.)
         raise ValueError("--epsilon must be positive, --delta in (0, 1) and --value-bound in "
                          "(0, 1e150]")
-    features, aggregator, _ = _input(args, beam_args, losses.SquaredLoss(), None)
+    features, aggregator = _input(args, beam_args, losses.SquaredLoss())
     seed = args.seed if args.seed is not None else mechanisms.secure_seed()
     stages = stats.dataset_summary_stages(len(features), args.quantiles, args.epsilon, args.delta,
                                           seed, args.value_bound, count=args.num_examples is None,

@@ -368,7 +368,7 @@ def blocks_from_file(path: str, label_column: str | None, feature_columns: Seque
     raise DataError(failure or _missing_columns(path, columns, opener))
 
 
-def load_blocks(files: Sequence[str], label_column: str, feature_columns: Sequence[str],
+def load_blocks(files: Sequence[str], label_column: str | None, feature_columns: Sequence[str],
                 loss: losses_mod.GlmLoss, batch_rows: int = DEFAULT_BATCH_ROWS) -> list[Block]:
     blocks = [b for path in files
               for b in blocks_from_file(path, label_column, feature_columns, loss, batch_rows)]
