@@ -83,6 +83,8 @@ def row_norms(v: np.ndarray, sq_norms: np.ndarray | None = None) -> np.ndarray:
     overflowed); they are used where they are accurate. NaN rows give NaN, rows with an infinity
     inf."""
     v = np.asarray(v, dtype=np.float64)
+    if v.shape[1] == 1 and sq_norms is None:
+        return np.abs(v[:, 0])   # exact, and the common case (a single-output loss derivative)
     with _quiet():
         sq = np.einsum("ij,ij->i", v, v) if sq_norms is None else np.asarray(sq_norms, np.float64)
         out = np.sqrt(sq)
