@@ -65,11 +65,6 @@ def read_model(path: str) -> dict:
     return artifact
 
 
-def load_model(path: str) -> tuple[losses_mod.GlmLoss, np.ndarray, dict]:
-    """Reads model.json (or a directory holding one); returns the loss, theta (k, d+1), artifact."""
-    return load_model_dict(read_model(path))
-
-
 def load_model_dict(artifact: dict) -> tuple[losses_mod.GlmLoss, np.ndarray, dict]:
     loss = losses_mod.make_loss(artifact["model"], artifact.get("num_classes"),
                                 artifact.get("huber_delta", 1.0))

@@ -221,9 +221,6 @@ def _release(aggregator, stages, state, ledger):
 class DpsgdFOptions(DpsgdFConfig, noisy_gd.DpsgdOptions):
     """The DP-SGD options and the preprocessing's (feature_norm is the preprocessing's)."""
 
-    def validate(self) -> None:
-        registry.validate(self)
-
 
 def _train_registered(options: DpsgdFOptions, problem: Problem, aggregator, seed, ledger, progress):
     config = noisy_gd.core_config("dpsgd", options, problem)

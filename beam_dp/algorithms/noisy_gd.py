@@ -246,7 +246,7 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
 
     step_fn = NoisyGradientStep(
         loss=loss, clip_norm=clip_norm, noise_std=sigma * clip_norm,
-        normalizer=_normalizer(plan), learning_rate=config.learning_rate,
+        normalizer=plan["normalizer"], learning_rate=config.learning_rate,
         sampler=PoissonSampler(q, seed), seed=seed, shape=state.theta.shape,
         fit_intercept=config.fit_intercept,
         transform=make_transform(plan["preprocessing"]) if make_transform else None)
@@ -262,12 +262,8 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
     theta = state.averaged() if config.averaging() else state.theta
     return TrainResult(theta, ledger, sigma, q, total_steps, clip_norm, plan["dataset_size"],
                        plan["preprocessing"], sampling="Poisson" if q < 1 else "full batch",
-                       expected_batch_size=_normalizer(plan))
+                       expected_batch_size=plan["normalizer"])
 
-
-def _normalizer(plan: dict) -> float:
-    """The plan's normalizer (a plan saved by an older version has none: q * n then)."""
-    return plan.get("normalizer", plan["sampling_probability"] * plan["dataset_size"]["value"])
 
 
 def dpgd_steps(n: int, epsilon: float | None, delta: float, rank: int, max_steps: int) -> int:
