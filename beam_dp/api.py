@@ -39,7 +39,7 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
           label_column: str = "label", feature_columns: Sequence[str] | None = None,
           runner: str | None = None, pipeline_args: Sequence[str] = (),
           batch_rows: int = data.DEFAULT_BATCH_ROWS, seed: int | None = None,
-          steps_per_pipeline: int = 25, checkpoint_dir: str | None = None,
+          steps_per_job: int | None = None, checkpoint_dir: str | None = None,
           progress: Callable[[int, int, float], None] | None = None, **options) -> "Model":
     """Trains a differentially private GLM; see the module docstring.
 
@@ -53,8 +53,8 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
     algorithm_options = registry.make_options(chosen.options, options)
     privacy = registry.Privacy(epsilon, delta, noise_multiplier, accountant, num_examples, count_epsilon)
     privacy.validate()
-    if steps_per_pipeline < 1 or batch_rows < 1:
-        raise ValueError("steps_per_pipeline and batch_rows must be at least 1")
+    if (steps_per_job is not None and steps_per_job < 1) or batch_rows < 1:
+        raise ValueError("steps_per_job and batch_rows must be at least 1")
     loss = losses.make_loss(model, num_classes, huber_delta)
     if (X is None) == (input is None):
         raise ValueError("give either arrays X, y or input= files")
@@ -69,12 +69,15 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
                                                         feature_columns, batch_rows)
     source = {"files": files, "label_column": label_column, "feature_columns": list(feature_columns)}
     problem = registry.Problem(loss, len(feature_columns), privacy, fit_intercept,
-                               steps_per_pipeline, checkpoint_dir, source)
+                               steps_per_job, checkpoint_dir, source)
     chosen.check(problem)
     ledger = accounting.Ledger(accountant, chosen.relation)
-    result = chosen.train(algorithm_options, problem, aggregator,
-                          seed if seed is not None else mechanisms.secure_seed(), ledger,
-                          progress or (lambda done, total, eps: None))
+    try:
+        result = chosen.train(algorithm_options, problem, aggregator,
+                              seed if seed is not None else mechanisms.secure_seed(), ledger,
+                              progress or (lambda done, total, eps: None))
+    finally:
+        aggregator.close()
     artifact = report.model_artifact(loss, result.theta, feature_columns, label_column,
                                      chosen.name, fit_intercept, result.feature_transform)
     privacy_report = report.privacy_report(ledger, privacy, result, chosen, algorithm_options,

@@ -50,7 +50,7 @@ class _StoreOnce(argparse.Action):
 
 
 class _Parser(argparse.ArgumentParser):
-    """No abbreviated flags (``--steps`` must not silently mean ``--steps-per-pipeline``), a
+    """No abbreviated flags (``--steps`` must not silently mean ``--steps-per-job``), a
     single-valued flag given once, and a usage error is one line, like every other error."""
 
     def __init__(self, *args, **kwargs):
@@ -170,8 +170,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     run.add_argument("--runner", default=DEFAULT_BEAM_RUNNER,
                      help="'local' for the in-process numpy runner, else a Beam runner "
                           "(FnApiRunner is Beam's in-process runner)")
-    run.add_argument("--steps-per-pipeline", type=_positive_int, default=25,
-                     help="steps unrolled into one Beam pipeline; the driver checkpoints between them")
+    run.add_argument("--steps-per-job", type=_positive_int, default=None,
+                     help="full-batch steps unrolled into one Beam job (default: as many as the "
+                          "job graph holds, up to 200); with batches fixed in advance (dpsgd), "
+                          "steps between checkpoints. The driver checkpoints between jobs")
     run.add_argument("--checkpoint-dir", default=None,
                      help="save the (noised) state after every chunk and resume from it")
 
@@ -477,7 +479,7 @@ def _train_model(api, args, beam_args, options):
         num_classes=args.num_classes, huber_delta=args.huber_delta,
         fit_intercept=args.fit_intercept, label_column=args.label_column,
         feature_columns=args.feature_columns, runner=args.runner, pipeline_args=beam_args,
-        batch_rows=args.batch_rows, seed=args.seed, steps_per_pipeline=args.steps_per_pipeline,
+        batch_rows=args.batch_rows, seed=args.seed, steps_per_job=args.steps_per_job,
         checkpoint_dir=args.checkpoint_dir, progress=_progress_callback(), **options)
 
 
@@ -516,7 +518,10 @@ def _stats(args, beam_args: list[str]) -> int:
     with report.atomic_directory(args.output, args.overwrite) as out:
         ledger = accounting.Ledger(args.accountant, accounting.ADD_REMOVE)
         stats.record_releases(stages, ledger)
-        state = aggregator.run_stages(stages, {"n": args.num_examples} if args.num_examples else {})
+        try:
+            state = aggregator.run_stages(stages, {"n": args.num_examples} if args.num_examples else {})
+        finally:
+            aggregator.close()
         summary = stats.summary(state, stages, features,
                                 "public (--num-examples)" if args.num_examples
                                 else "private estimate: Laplace count")

@@ -261,9 +261,11 @@ def _csv_batches(path: str, f: BinaryIO, columns: list[str]) -> Iterator[pa.Reco
         rows_read += batch.num_rows
 
 
-def _record_batches(path: str, f: BinaryIO, columns: list[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
+def _record_batches(path: str, f: BinaryIO, columns: list[str], batch_rows: int,
+                    row_groups: Sequence[int] | None = None) -> Iterator[pa.RecordBatch]:
     if file_format(path) == "parquet":
-        yield from pq.ParquetFile(f).iter_batches(batch_size=batch_rows, columns=columns)
+        yield from pq.ParquetFile(f).iter_batches(batch_size=batch_rows, columns=columns,
+                                                  row_groups=row_groups)
     else:
         # The CSV reader batches by bytes (block_size), not rows: cut to at most batch_rows.
         for batch in _csv_batches(path, f, columns):
@@ -330,22 +332,93 @@ def _missing_columns(path: str, columns: list[str], opener: Callable[[str], Bina
     return f"{path}: column(s) not found: {', '.join(missing) if missing else 'some requested'}"
 
 
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """A unit of input a worker reads: a whole file, or (Parquet) a run of its row groups.
+    Shards are what flows through a job's steps (a few bytes each), never the rows themselves."""
+
+    path: str
+    row_groups: tuple[int, ...] | None = None   # None: the whole file
+    row_start: int = 0                          # the shard's first row within its file
+    rows: int | None = None                     # from Parquet metadata; None for CSV
+
+    @property
+    def name(self) -> str:
+        """Names the shard in a cache: its rows and the file's identity when planned."""
+        return f"{self.path}\0{self.row_groups}\0{self.row_start}"
+
+
+# A Parquet file is cut into shards of whole row groups holding at least this many blocks'
+# worth of rows: large enough that the per-shard overhead of a step is small, small enough that
+# a file of many row groups spreads over workers.
+SHARD_BLOCKS = 4
+
+
+def plan_shards(files: Sequence[str], batch_rows: int = DEFAULT_BATCH_ROWS,
+                opener: Callable[[str], BinaryIO] = open_local) -> list["Shard"]:
+    """The shards of ``files``: CSV files whole; Parquet files cut at row-group boundaries, with
+    their row counts from the footer (exact, and no scan). Reads each Parquet footer once."""
+    shards = []
+    for path in files:
+        if file_format(path) != "parquet":
+            shards.append(Shard(path))
+            continue
+        failure = None
+        try:
+            with opener(path) as f:
+                meta = pq.ParquetFile(f).metadata
+                sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+        except (OSError, pa.ArrowException) as e:
+            failure = f"{path}: cannot read ({_reason(path, e)})"
+        if failure:
+            raise DataError(failure)
+        start, groups, rows = 0, [], 0
+        for i, size in enumerate(sizes):
+            groups.append(i)
+            rows += size
+            if rows >= SHARD_BLOCKS * batch_rows or i == len(sizes) - 1:
+                shards.append(Shard(path, tuple(groups), start, rows))
+                start, groups, rows = start + rows, [], 0
+        if not sizes:
+            shards.append(Shard(path, (), 0, 0))
+    return shards
+
+
+def counted_rows(shards: Sequence["Shard"]) -> int | None:
+    """The exact number of rows, if every shard's is known from metadata (else None)."""
+    if any(s.rows is None for s in shards):
+        return None
+    return sum(s.rows for s in shards)
+
+
 def blocks_from_file(path: str, label_column: str | None, feature_columns: Sequence[str],
                      loss: losses_mod.GlmLoss, batch_rows: int = DEFAULT_BATCH_ROWS,
                      opener: Callable[[str], BinaryIO] = open_local) -> Iterator[Block]:
-    """Reads one file into validated Blocks of at most ``batch_rows`` rows.
+    """Reads one file into validated Blocks of at most ``batch_rows`` rows, shard by shard (so
+    the blocks are those every runner makes of the file)."""
+    for shard in plan_shards([path], batch_rows, opener):
+        yield from blocks_from_shard(shard, label_column, feature_columns, loss, batch_rows, opener)
+
+
+def blocks_from_shard(shard: Shard, label_column: str | None, feature_columns: Sequence[str],
+                      loss: losses_mod.GlmLoss, batch_rows: int = DEFAULT_BATCH_ROWS,
+                      opener: Callable[[str], BinaryIO] = open_local) -> Iterator[Block]:
+    """Reads one shard into validated Blocks of at most ``batch_rows`` rows.
 
     ``label_column`` None reads features only (for prediction); the labels are then zeros.
     Raises DataError naming the file (and the 1-based data row, header excluded, and the column)
     on a missing column, a cell that is not a number, a CSV row with the wrong number of fields,
     a missing or non-finite value, or a label the model cannot use. No message holds a value.
     """
+    path = shard.path
     columns = list(feature_columns) + ([label_column] if label_column is not None else [])
-    row_start = 0
+    row_start = shard.row_start
     failure = None
+    if shard.row_groups == ():
+        return   # a Parquet file without row groups: no rows
     try:
         with opener(path) as f:
-            for batch in _record_batches(path, f, columns, batch_rows):
+            for batch in _record_batches(path, f, columns, batch_rows, shard.row_groups):
                 m = batch.num_rows
                 if m == 0:
                     continue
@@ -370,8 +443,8 @@ def blocks_from_file(path: str, label_column: str | None, feature_columns: Seque
 
 def load_blocks(files: Sequence[str], label_column: str | None, feature_columns: Sequence[str],
                 loss: losses_mod.GlmLoss, batch_rows: int = DEFAULT_BATCH_ROWS) -> list[Block]:
-    blocks = [b for path in files
-              for b in blocks_from_file(path, label_column, feature_columns, loss, batch_rows)]
+    blocks = [b for shard in plan_shards(files, batch_rows)
+              for b in blocks_from_shard(shard, label_column, feature_columns, loss, batch_rows)]
     if not blocks:
         raise DataError(f"{', '.join(files)}: the input has no rows")
     return blocks

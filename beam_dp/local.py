@@ -5,16 +5,17 @@ from __future__ import annotations
 from typing import Sequence
 
 from beam_dp.algorithms.base import Stage
+from beam_dp.batches import LocalBatches
 from beam_dp.data import Block
+
+# Steps between progress reports (and checkpoints) of full-batch training: there are no jobs
+# in-process, so this only sets how often the driver reports.
+STEPS_PER_REPORT = 25
 
 
 class LocalAggregator:
     def __init__(self, blocks: Sequence[Block]):
         self.blocks = list(blocks)
-
-    def with_block_map(self, block_map) -> "LocalAggregator":
-        """An aggregator over the blocks that ``block_map`` (block -> blocks) makes of these."""
-        return LocalAggregator([b for block in self.blocks for b in block_map(block)])
 
     def count(self) -> int:
         return sum(len(b) for b in self.blocks)
@@ -26,3 +27,13 @@ class LocalAggregator:
                 total += stage.partial_sum(block, state)
             state = stage.apply(state, total)
         return state
+
+    def steps_per_job(self, stage: Stage, remaining: int, state=None) -> int:
+        return STEPS_PER_REPORT
+
+    def step_batches(self, plan, steps: int, resume: str | None = None, keep: bool = False):
+        """Each step's batch, drawn when the step asks for it (nothing is written)."""
+        return LocalBatches(self.blocks, plan)
+
+    def close(self) -> None:
+        pass

@@ -165,16 +165,28 @@ def test_calibrate_noise_multiplier(kind, make):
 
 
 class SpyAggregator(LocalAggregator):
-    """A LocalAggregator that remembers the step function the driver gave it."""
+    """A LocalAggregator that remembers the step functions (full batch) or the batch plan and
+    the steps whose batches were read (batches fixed in advance) the driver gave it."""
 
     def __init__(self, blocks):
         super().__init__(blocks)
-        self.step_fns, self.chunks = [], []
+        self.step_fns, self.chunks, self.plans, self.batch_steps = [], [], [], []
 
     def run_stages(self, stages, state):
         self.step_fns.extend(stages)
         self.chunks.append(len(stages))
         return super().run_stages(stages, state)
+
+    def step_batches(self, plan, steps, resume=None, keep=False):
+        self.plans.append((plan, steps))
+        batches = super().step_batches(plan, steps, resume, keep)
+        get = batches.get
+
+        def spy(step):
+            self.batch_steps.append(step)
+            return get(step)
+        batches.get = spy
+        return batches
 
 
 def _blocks(n=600, d=3, seed=0):
@@ -199,12 +211,19 @@ def test_driver_ledger_matches_its_sampling_and_noise(algorithm, num_examples):
     assert q == (60 / n if algorithm == "dpsgd" else 1.0)
 
     # The driver sampled, noised and normalized with the same q and sigma it accounted for.
-    assert len(aggregator.step_fns) == 7
-    for step_fn in aggregator.step_fns:
-        assert step_fn.sampler.rate == q
-        assert step_fn.noise_std == pytest.approx(1.7 * 0.8)
-        assert step_fn.normalizer == pytest.approx(q * n)
-    assert aggregator.chunks == [3, 3, 1]
+    if algorithm == "dpgd":
+        assert len(aggregator.step_fns) == 7
+        for step_fn in aggregator.step_fns:
+            assert step_fn.sampler.rate == q
+            assert step_fn.noise_std == pytest.approx(1.7 * 0.8)
+            assert step_fn.normalizer == pytest.approx(q * n)
+        assert aggregator.chunks == [3, 3, 1]
+    else:   # Poisson batches fixed in advance: one plan for the run, each step's batch read once
+        ((plan, steps),) = aggregator.plans
+        assert (plan.sampler.rate, plan.sampler.seed, steps) == (q, 5, 7)
+        assert plan.expected_rows == pytest.approx(q * n)
+        assert aggregator.batch_steps == list(range(7))
+        assert aggregator.step_fns == []
 
     mechanisms = ledger.mechanisms()
     expected_events = []

@@ -357,7 +357,7 @@ def test_files_on_beam_match_arrays(files, binary):
     """train(input=..., runner=Beam's in-process runner) equals train(X, y) for dpgd."""
     x, y = binary
     config = {"algorithm": "dpgd", "noise_multiplier": 2.0, "steps": 4, "num_examples": N, "seed": 8}
-    beam = beam_dp.train(input=files["binary_glob"], steps_per_pipeline=2, **config)
+    beam = beam_dp.train(input=files["binary_glob"], steps_per_job=2, **config)
     arrays = beam_dp.train(x, y, **config)
     np.testing.assert_allclose(beam.theta, arrays.theta, rtol=1e-9, atol=1e-12)
 

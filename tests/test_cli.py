@@ -34,7 +34,7 @@ BEAM_DP = os.path.join(os.path.dirname(sys.executable), "beam-dp")
 BEAM = ["--runner", "FnApiRunner"]
 LOCAL = ["--runner", "local"]
 # Small and fast: 5 steps in chunks of 2, so three chunks (three pipelines on Beam) run.
-FAST_ANY = ["--noise-multiplier", "1.2", "--steps", "5", "--steps-per-pipeline", "2",
+FAST_ANY = ["--noise-multiplier", "1.2", "--steps", "5", "--steps-per-job", "2",
             "--batch-rows", "400"]
 FAST = [*FAST_ANY, "--algorithm", "dpsgd", "--batch-size", "300"]
 
@@ -451,22 +451,20 @@ def test_checkpoint_resume_of_a_finished_run(tmp_path, cli, small_binary, monkey
 
 
 def test_checkpoint_resume_after_an_interruption(tmp_path, cli, small_binary, monkeypatch):
-    from beam_dp import local
+    from beam_dp import batches
 
     args = [*LOCAL, *FAST, "--seed", 6]
     assert cli(*train_args(small_binary, tmp_path / "uninterrupted", *args)).code == 0
 
     ckpt = tmp_path / "ckpt"
-    original = local.LocalAggregator.run_stages
-    calls = []
+    original = batches.LocalBatches.get
 
-    def fail_on_second_chunk(self, stages, state):
-        calls.append(len(stages))
-        if len(calls) == 2:
+    def fail_in_the_second_chunk(self, step):   # chunks of 2 steps (--steps-per-job 2)
+        if step == 2:
             raise KeyboardInterrupt
-        return original(self, stages, state)
+        return original(self, step)
 
-    monkeypatch.setattr(local.LocalAggregator, "run_stages", fail_on_second_chunk)
+    monkeypatch.setattr(batches.LocalBatches, "get", fail_in_the_second_chunk)
     r = cli(*train_args(small_binary, tmp_path / "out", *args, "--checkpoint-dir", ckpt))
     assert r.code == 130
     (line,) = r.err.splitlines()   # one line, no traceback
@@ -488,7 +486,7 @@ def test_checkpoint_resume_after_an_interruption(tmp_path, cli, small_binary, mo
 
 def test_checkpoint_of_another_configuration_is_refused(tmp_path, cli, small_binary):
     ckpt = tmp_path / "ckpt"
-    base = [*LOCAL, "--noise-multiplier", "1.2", "--steps-per-pipeline", "2", "--algorithm",
+    base = [*LOCAL, "--noise-multiplier", "1.2", "--steps-per-job", "2", "--algorithm",
             "dpsgd", "--batch-size", "300", "--seed", "5", "--checkpoint-dir", ckpt]
     assert cli(*train_args(small_binary, tmp_path / "a", *base, "--steps", 2)).code == 0
     r = cli(*train_args(small_binary, tmp_path / "b", *base, "--steps", 3))
@@ -567,7 +565,7 @@ def test_local_and_beam_runners_agree_on_gzipped_csv_softmax(tmp_path, cli):
         os.remove(data_dir / name)
     common = ["--input", data_dir / "train-*.csv.gz", "--model", "softmax", "--num-classes", 4,
               "--no-intercept", "--accountant", "rdp", "--epsilon", 2, "--steps", 7,
-              "--steps-per-pipeline", 3, "--algorithm", "dpsgd", "--batch-size", 200,
+              "--steps-per-job", 3, "--algorithm", "dpsgd", "--batch-size", 200,
               "--batch-rows", 250, "--seed", 77]
     assert cli("train", "--output", tmp_path / "local", *LOCAL, *common).code == 0
     assert cli("train", "--output", tmp_path / "beam", *BEAM, *common).code == 0

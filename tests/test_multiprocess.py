@@ -111,13 +111,18 @@ def _run_with_timeout(argv: list[str]) -> int:
 
 
 @pytest.mark.slow
-def test_dpsgd_on_external_worker_processes_matches_local_runner(tmp_path, worker_pool, small_binary):
+@pytest.mark.parametrize("algorithm, jobs", [("dpsgd", 1), ("dpgd", 2)])
+def test_training_on_external_worker_processes_matches_local_runner(tmp_path, worker_pool, small_binary,
+                                                                    algorithm, jobs):
     address, pool_log = worker_pool
-    # 4 steps in chunks of 2: two pipelines, so the state also crosses a chunk boundary. A given
-    # noise multiplier (rather than --epsilon) skips the calibration, which is not under test here.
-    train = ["train", "--input", small_binary["train_glob"], "--algorithm", "dpsgd",
-             "--noise-multiplier", "1.0", "--num-examples", str(SMALL_N), "--batch-size", "300",
-             "--steps", "4", "--steps-per-pipeline", "2", "--batch-rows", "400", "--seed", "1234"]
+    # dpsgd: one job writes the batches of all 4 steps, which then run on the driver. dpgd: 4
+    # full-batch steps, 2 per job: two jobs, so the state also crosses a job boundary. A given
+    # noise multiplier (rather than --epsilon) skips the calibration, not under test here.
+    train = ["train", "--input", small_binary["train_glob"], "--algorithm", algorithm,
+             "--noise-multiplier", "1.0", "--num-examples", str(SMALL_N),
+             "--steps", "4", "--steps-per-job", "2", "--batch-rows", "400", "--seed", "1234"]
+    if algorithm == "dpsgd":
+        train += ["--batch-size", "300"]
 
     assert _run_with_timeout(train + ["--output", str(tmp_path / "local"), "--runner", "local"]) == 0
     assert _run_with_timeout(train + [
@@ -125,9 +130,9 @@ def test_dpsgd_on_external_worker_processes_matches_local_runner(tmp_path, worke
         "--runner", "PortableRunner", "--job_endpoint", "embed",
         "--environment_type", "EXTERNAL", "--environment_config", address]) == 0
 
-    # The bundles ran in worker processes that the pool started (one per pipeline), not here.
+    # The bundles ran in worker processes that the pool started (one per job), not here.
     log = pool_log.read_text(errors="replace")
-    assert log.count("Starting worker with command") >= 2, log
+    assert log.count("Starting worker with command") == jobs, log
 
     local, portable = model_theta(tmp_path / "local"), model_theta(tmp_path / "portable")
     assert np.linalg.norm(local) > 0

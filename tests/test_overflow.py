@@ -22,12 +22,13 @@ import dataclasses
 import math
 import warnings
 from decimal import Decimal, localcontext
+from unittest import mock
 
 import numpy as np
 import pytest
 
 from beam_dp import accounting, clipping, features, losses, stats
-from beam_dp.algorithms import dp_ambssgd, dpsgd_f, noisy_gd, ssp
+from beam_dp.algorithms import base, dp_ambssgd, dpsgd_f, noisy_gd, ssp
 from beam_dp.data import Block
 from beam_dp.local import LocalAggregator
 
@@ -267,18 +268,25 @@ def _blocks(x, y, loss):
 
 
 class _Spy(LocalAggregator):
-    """The local aggregator, remembering the step functions it ran."""
+    """The local aggregator, remembering the step functions it ran: full-batch steps through
+    ``run_stages``, steps over batches fixed in advance through ``base.run_step`` (patched by
+    ``recording``)."""
 
     def __init__(self, blocks, log=None):
         super().__init__(blocks)
         self.log = [] if log is None else log
 
-    def with_block_map(self, block_map):
-        return _Spy([b for block in self.blocks for b in block_map(block)], self.log)
-
     def run_stages(self, stages, state):
         self.log.extend(stages)
         return super().run_stages(stages, state)
+
+    def recording(self):
+        run_step = base.run_step
+
+        def spy(step_fn, batch, state):
+            self.log.append(step_fn)
+            return run_step(step_fn, batch, state)
+        return mock.patch.object(base, "run_step", spy)
 
 
 def _noisy_gd_config(algorithm, **more):
@@ -293,8 +301,9 @@ def _train_dpsgd(blocks, algorithm="dpsgd", transform=None):
     config = _noisy_gd_config(algorithm, **({"steps": 12} if algorithm == "dpgd" else {"epochs": 1.0}))
     aggregator = _Spy(blocks)
     make_transform = (lambda pre: transform) if transform is not None else None
-    result = noisy_gd.train(config, losses.make_loss("logistic"), D, aggregator, 7,
-                            accounting.Ledger(), make_transform=make_transform)
+    with aggregator.recording():
+        result = noisy_gd.train(config, losses.make_loss("logistic"), D, aggregator, 7,
+                                accounting.Ledger(), make_transform=make_transform)
     return result.theta, aggregator.log
 
 

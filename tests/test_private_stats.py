@@ -662,7 +662,7 @@ def test_private_statistics_ptransform_matches_the_local_aggregator(tmp_path):
 def test_dpsgd_f_on_local_and_beam_runners_gives_the_same_model(tmp_path, cli, stats_data, variant):
     common = ["train", "--input", stats_data["glob"], "--algorithm", "dpsgd-f",
               "--variant", variant, "--feature-norm", 5.0, "--model", "hinge",
-              "--epsilon", 1.0, "--seed", 31, "--steps", 4, "--steps-per-pipeline", 2,
+              "--epsilon", 1.0, "--seed", 31, "--steps", 4, "--steps-per-job", 2,
               "--batch-size", 300, "--batch-rows", 250]
     assert cli(*common, "--output", tmp_path / "local", *LOCAL).code == 0
     assert cli(*common, "--output", tmp_path / "beam", *BEAM).code == 0

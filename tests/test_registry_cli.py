@@ -354,7 +354,7 @@ def test_unquoted_glob_trains_on_every_file(run, tmp_path, shards, runner):
     """`--input a.parquet b.parquet c.parquet` (a glob the shell expanded) gives the model of the
     quoted glob; the first file alone gives another one."""
     steps = 20 if runner == "local" else 2   # one Beam pipeline per run
-    extra = ["--runner", runner, "--steps-per-pipeline", "20"]
+    extra = ["--runner", runner, "--steps-per-job", "20"]
     assert _train_dpgd(run, [shards["binary_glob"]], tmp_path / "glob", *extra, steps=steps).code == 0
     r = _train_dpgd(run, shards["binary"], tmp_path / "expanded", *extra, steps=steps)
     assert r.code == 0, r

@@ -21,6 +21,7 @@ probability about ALPHA where it is a sampling quantile).
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import dp_accounting
 import numpy as np
@@ -31,7 +32,7 @@ from dp_accounting.pld import pld_privacy_accountant
 from scipy import stats
 
 from beam_dp import accounting, losses
-from beam_dp.algorithms import dp_ambssgd, ssp
+from beam_dp.algorithms import base, dp_ambssgd, ssp
 from beam_dp.algorithms.base import TrainState
 from beam_dp.algorithms.noisy_gd import NoisyGDConfig
 from beam_dp.data import Block
@@ -78,14 +79,35 @@ class _Recording(LocalAggregator):
         super().__init__(blocks)
         self.log = [] if log is None else log
 
-    def with_block_map(self, block_map):
-        return _Recording([b for block in self.blocks for b in block_map(block)], self.log)
-
     def run_stages(self, stages, state):
         for stage in stages:
             state = super().run_stages([stage], state)
             self.log.append((stage, state))
         return state
+
+    def step_batches(self, plan, steps, resume=None, keep=False):
+        """Steps over batches fixed in advance run on the driver (``base.run_step``): logged
+        while their batches are open."""
+        aggregator, batches, run_step = self, super().step_batches(plan, steps), base.run_step
+
+        def spy(step_fn, batch, state):
+            state = run_step(step_fn, batch, state)
+            aggregator.log.append((step_fn, state))
+            return state
+
+        class Logged:
+            location = None
+            get = batches.get
+
+            def __enter__(self):
+                self.patch = mock.patch.object(base, "run_step", spy)
+                self.patch.start()
+                return self
+
+            def __exit__(self, *exc):
+                self.patch.stop()
+                return False
+        return Logged()
 
 
 # ================================================================ 1. the paper's claim (slow)
@@ -624,10 +646,10 @@ def regression_data(tmp_path_factory):
 
 @pytest.mark.parametrize("algorithm,extra", [
     # 6 blocks in chunks of 4: two Beam pipelines, the chunk boundary before the tail average.
-    ("dp-ambssgd", ["--blocks", 6, "--steps-per-pipeline", 4, "--num-examples", 4000]),
+    ("dp-ambssgd", ["--blocks", 6, "--steps-per-job", 4, "--num-examples", 4000]),
     # n from the private count (a Beam pipeline of its own on FnApiRunner).
     ("ssp", []),
-    ("dpgd", ["--max-steps", 20, "--steps-per-pipeline", 10, "--num-examples", 4000,
+    ("dpgd", ["--max-steps", 20, "--steps-per-job", 10, "--num-examples", 4000,
               "--clip-norm", 5.0]),
 ])
 def test_linear_models_agree_on_local_and_beam_runners(tmp_path, cli, regression_data,

@@ -8,13 +8,14 @@ An algorithm never imports Beam. It hands an Aggregator *stages*: objects with
 * ``apply(state, total) -> state``: the noise and the update or release, a function of the summed
   blocks and of the public state only.
 
-A stage that subsamples (``subsamples`` true) also offers ``select(block, step)`` (the rows of step
-``step``) and ``selected_sum(rows, state)``, with ``partial_sum(block, state) == selected_sum(select(block,
-state.step), state)``; an aggregator may then sample a whole chunk of steps in one pass and hand
-each step only its own rows, so that the work per step is proportional to the batch.
+A stage whose batches are fixed in advance (``batch_plan`` not None: Poisson DP-SGD, DP-AMBSSGD's
+blocks) is instead run over ``aggregator.step_batches(plan, steps)``: its rows for every step
+are chosen before training from the seed and the rows' positions (``beam_dp.batches``), and each
+step sums ``selected_sum(batch, state)`` over its own batch, on the driver. On Beam one job
+writes every step's batch, so a run of thousands of steps is one job, not one per few steps.
 
 The aggregator evaluates ``state = apply(state, sum over blocks of partial_sum(block, state))`` for
-each stage in turn: the local aggregator in a loop, the Beam aggregator as one pipeline with the
+each stage in turn: the local aggregator in a loop, the Beam aggregator as one job with the
 stages unrolled. Both are pure functions of (data, seed), so the two agree to float tolerance.
 Training steps (``TrainState``) and private statistics (``beam_dp.stats``, a dict state) are both
 stages.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import tempfile
 from typing import Callable, Protocol, Sequence
@@ -55,6 +57,14 @@ class Stage(Protocol):
     def apply(self, state, total: np.ndarray): ...
 
 
+class StepBatches(Protocol):
+    """A run's batches (context manager: they are deleted on exit unless kept for a resume)."""
+
+    location: str | None   # where they are kept between jobs (None: computed in memory)
+
+    def get(self, step: int) -> list: ...
+
+
 class Aggregator(Protocol):
     """Exact sums over the data; the stages add the noise."""
 
@@ -62,7 +72,12 @@ class Aggregator(Protocol):
 
     def run_stages(self, stages: Sequence[Stage], state): ...
 
-    def with_block_map(self, block_map) -> "Aggregator": ...
+    def steps_per_job(self, stage: Stage, remaining: int, state=None) -> int: ...
+
+    def step_batches(self, plan, steps: int, resume: str | None = None,
+                     keep: bool = False) -> StepBatches: ...
+
+    def close(self) -> None: ...
 
 
 def save_checkpoint(directory: str, state: TrainState, config: dict, plan: dict) -> None:
@@ -88,11 +103,43 @@ def load_checkpoint(directory: str, config: dict) -> tuple[TrainState, dict] | N
 
 
 def run_chunks(aggregator: Aggregator, step_fn: Stage, state: TrainState, total_steps: int,
-               steps_per_chunk: int, after_chunk: Callable[[TrainState, int], None]) -> TrainState:
-    """Runs the steps ``state.step .. total_steps - 1`` in chunks, calling ``after_chunk(state,
-    steps_in_chunk)`` after each (to record releases, checkpoint and report progress)."""
-    while state.step < total_steps:
-        k = min(steps_per_chunk, total_steps - state.step)
-        state = aggregator.run_stages([step_fn] * k, state)
-        after_chunk(state, k)
+               steps_per_job: int | None, after_chunk: Callable[[TrainState, int], None],
+               plan: dict | None = None, keep_batches: bool = False) -> TrainState:
+    """Runs the steps ``state.step .. total_steps - 1``, calling ``after_chunk(state,
+    steps_in_chunk)`` after each chunk (to record releases, checkpoint and report progress).
+
+    Full-batch steps run ``steps_per_job`` at a time in one job each (None: as many as the
+    aggregator's job can hold). Steps with batches fixed in advance (``step_fn.batch_plan``) run
+    on the driver over the aggregator's ``step_batches``, one job for the whole run; a chunk is
+    then only how often ``after_chunk`` is called. ``plan`` (the checkpointed plan) records where
+    the batches are kept, and a resumed run finds them there; ``keep_batches`` keeps them when
+    the run fails, for that resume (they are deleted once training ends)."""
+    batch_plan = getattr(step_fn, "batch_plan", None)
+    if batch_plan is None:
+        while state.step < total_steps:
+            remaining = total_steps - state.step
+            k = min(steps_per_job or aggregator.steps_per_job(step_fn, remaining, state), remaining)
+            state = aggregator.run_stages([step_fn] * k, state)
+            after_chunk(state, k)
+        return state
+    chunk = steps_per_job or max(25, math.ceil(total_steps / 20))
+    resume = plan.get("batch_files") if plan is not None else None
+    with aggregator.step_batches(batch_plan, total_steps, resume, keep_batches) as batches:
+        if plan is not None and batches.location is not None:
+            # Checkpointed at once, so that a run that dies from here on resumes with these.
+            plan["batch_files"] = batches.location
+            after_chunk(state, 0)
+        while state.step < total_steps:
+            k = min(chunk, total_steps - state.step)
+            for _ in range(k):
+                state = run_step(step_fn, batches.get(state.step), state)
+            after_chunk(state, k)
     return state
+
+
+def run_step(step_fn: Stage, batch: Sequence, state: TrainState) -> TrainState:
+    """One step over its batch (a list of Blocks, one per tag), on the driver."""
+    total = np.zeros(step_fn.shape)
+    for block in batch:
+        total += step_fn.selected_sum(block, state)
+    return step_fn.apply(state, total)

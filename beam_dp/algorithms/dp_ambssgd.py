@@ -69,11 +69,19 @@ class AmbssgdConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Assignment:
-    """Block and role of every example, from the seed and the example's position only."""
+    """Block and role of every example, from the seed and the example's position only: the
+    batch plan (``beam_dp.batches``) of the steps, step t reading the parts tagged 2t and 2t+1."""
 
     seed: int
     blocks: int
     stat_fraction: float
+    expected_rows: float = 0.0     # of a step: n / T (sizes the batch files)
+
+    def pieces(self, block: Block, steps):
+        wanted = set(steps)
+        for part in self(block):
+            if part.tag // 2 in wanted:
+                yield part.tag // 2, part
 
     def __call__(self, block: Block):
         g = mechanisms.rng(self.seed, mechanisms.STREAM_SAMPLING, block.key)
@@ -105,6 +113,10 @@ class AmbssgdStep:
     margin: float               # Gamma'
     tail_start: int             # steps >= tail_start enter the tail average
     seed: int
+    batch_plan: Assignment | None = None   # which rows each step reads
+
+    def selected_sum(self, batch: Block, state: TrainState) -> np.ndarray:
+        return self.partial_sum(batch, state)
 
     @property
     def shape(self):
@@ -195,12 +207,12 @@ def train(config: NoisyGDConfig, a_config: AmbssgdConfig, loss: GlmLoss, dim: in
         learning_rate=config.learning_rate,
         margin=(sigma_stat * math.sqrt(2.0 * math.log((levels + 1) / a_config.failure_probability))
                 + size_slack),
-        tail_start=T - T // 2, seed=seed)
-    partitioned = aggregator.with_block_map(Assignment(seed, T, a_config.stat_fraction))
+        tail_start=T - T // 2, seed=seed,
+        batch_plan=Assignment(seed, T, a_config.stat_fraction, n / T))
     state = TrainState.zeros(1, dim)
     epsilon = ledger.epsilon(config.delta)
     on_progress(0, T, epsilon)
-    state = run_chunks(partitioned, step, state, T, config.steps_per_chunk,
+    state = run_chunks(aggregator, step, state, T, config.steps_per_chunk,
                        lambda s, k: on_progress(s.step, T, epsilon))
     theta = state.theta_sum / (T // 2)
     return TrainResult(theta, ledger, sigma, 1.0, T, None, dataset_size,

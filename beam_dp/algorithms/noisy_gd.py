@@ -30,6 +30,7 @@ from beam_dp import accounting, clipping, features, mechanisms
 from beam_dp.algorithms.base import (Aggregator, TrainState, load_checkpoint, run_chunks,
                                      save_checkpoint)
 from beam_dp.algorithms.registry import Algorithm, Problem, option
+from beam_dp.batches import PoissonPlan
 from beam_dp.losses import MODEL_NAMES, GlmLoss
 from beam_dp.sampling import PoissonSampler
 
@@ -52,7 +53,7 @@ class NoisyGDConfig:
     count_epsilon: float | None = None  # budget of that count (default 1% of epsilon, or 0.01)
     average_iterates: bool | None = None  # default: on for dpgd, off for dpsgd
     fit_intercept: bool = True
-    steps_per_chunk: int = 25
+    steps_per_chunk: int | None = None   # steps per job (full batch); None: the aggregator's choice
     rank: int | None = None            # dpgd: public bound on the feature rank (default d + 1)
     max_steps: int = 100               # dpgd: cap on the rank-based number of steps
 
@@ -62,7 +63,9 @@ class NoisyGDConfig:
         if (self.epsilon is None) == (self.noise_multiplier is None):
             raise ValueError("give exactly one of --epsilon or --noise-multiplier")
         positive = {"clip norm": self.clip_norm, "learning rate": self.learning_rate,
-                    "delta": self.delta, "steps per chunk": self.steps_per_chunk}
+                    "delta": self.delta}
+        if self.steps_per_chunk is not None:
+            positive["steps per job"] = self.steps_per_chunk
         if self.epsilon is not None:
             positive["epsilon"] = self.epsilon
         if self.noise_multiplier is not None:
@@ -105,15 +108,12 @@ class NoisyGradientStep:
     transform: Callable | None = None   # per-example feature map, applied to the sampled rows
 
     @property
-    def subsamples(self) -> bool:
-        return self.sampler.rate < 1.0
-
-    def select(self, block, step: int):
-        """The block's rows in step ``step``'s Poisson sample (all rows when q = 1)."""
-        return self.sampler.select(block, step)
+    def batch_plan(self) -> PoissonPlan | None:
+        """Poisson batches are fixed in advance (``beam_dp.batches``); q = 1 reads everything."""
+        return PoissonPlan(self.sampler, self.normalizer) if self.sampler.rate < 1.0 else None
 
     def partial_sum(self, block, state: TrainState) -> np.ndarray:
-        return self.selected_sum(self.select(block, state.step), state)
+        return self.selected_sum(self.sampler.select(block, state.step), state)
 
     def selected_sum(self, batch, state: TrainState) -> np.ndarray:
         """The clipped gradient sum of rows already selected for ``state.step``."""
@@ -258,7 +258,8 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
         on_progress(new_state.step, total_steps, ledger.progress_epsilon(config.delta, planned))
 
     on_progress(state.step, total_steps, ledger.progress_epsilon(config.delta, planned))
-    state = run_chunks(aggregator, step_fn, state, total_steps, config.steps_per_chunk, after_chunk)
+    state = run_chunks(aggregator, step_fn, state, total_steps, config.steps_per_chunk, after_chunk,
+                       plan if checkpoint_dir else None, keep_batches=bool(checkpoint_dir))
     theta = state.averaged() if config.averaging() else state.theta
     return TrainResult(theta, ledger, sigma, q, total_steps, clip_norm, plan["dataset_size"],
                        plan["preprocessing"], sampling="Poisson" if q < 1 else "full batch",

@@ -164,7 +164,7 @@ class Problem:
     dim: int                      # number of feature columns
     privacy: Privacy
     fit_intercept: bool = True
-    steps_per_chunk: int = 25     # steps unrolled into one Beam pipeline
+    steps_per_chunk: int | None = None   # full-batch steps per Beam job (None: as many as fit)
     checkpoint_dir: str | None = None
     # Public description of the input (file paths, label and feature columns), so that a
     # checkpoint is resumed only by a run over the same input. Never data values or sizes.

@@ -1,22 +1,51 @@
-"""The Beam aggregator: blocks in, one CombineGlobally per step, the state as a singleton side
-input, several steps unrolled into one pipeline (a chunk). The driver gets the state back through
-a file in a work directory and checkpoints between chunks."""
+"""The Beam aggregator. A run is planned as a handful of jobs, never one per few steps:
+
+* full-batch stages (statistics, DP-GD steps): the stages unrolled into one job, as many as the
+  job's pipeline can hold (``steps_per_job``: Dataflow refuses job graphs over 10 MB). What flows
+  through the steps are shard descriptors; each worker process keeps the parsed blocks in a
+  cache shared by all the steps (``beam_dp.beam.cache``), so a step moves O(d) bytes per shard;
+* steps with batches fixed in advance (Poisson DP-SGD, DP-AMBSSGD): one job writes every step's
+  batch (``beam_dp.beam.batches``), and the driver runs the steps over them with no other job;
+* the dataset size: from Parquet metadata on the driver (exact, no scan), a job only for CSV.
+
+The driver gets a job's result back through a file in a work directory (deleted once read) and
+checkpoints between jobs. Each job is recorded in ``jobs`` (kind, steps, seconds, file opens
+counted by a Beam metric) for the benchmark.
+"""
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import pickle
+import shutil
 import tempfile
+import time
 import uuid
-from typing import Sequence
+from typing import Callable, Sequence
 
 import apache_beam as beam
+from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.utils.shared import Shared
 
+from beam_dp import batches, data
 from beam_dp.algorithms.base import Stage
-from beam_dp.beam.transforms import ReadBlocks, RunStages
+from beam_dp.beam.batches import WriteStepBatches
+from beam_dp.beam.cache import ShardCache
+from beam_dp.beam.transforms import (FILE_OPENS, METRICS_NAMESPACE, ReadShards, RunStages,
+                                     ShardReader, open_file)
 from beam_dp.data import DataError
+
+# Dataflow refuses a job whose graph is over 10 MB; steps per job are chosen so that the
+# pipeline proto stays within half of that (what a runner adds to it is not counted).
+JOB_GRAPH_LIMIT = 10 << 20
+JOB_GRAPH_BUDGET = JOB_GRAPH_LIMIT // 2
+# ... and at most this many steps per job: long unrolled graphs cost the runner time to plan
+# (measured with pipelines/benchmark.py; see MAX_STEPS_PER_JOB in the README's cluster section).
+MAX_STEPS_PER_JOB = 200
 
 
 def _write_pickle(value, path):
@@ -31,6 +60,22 @@ def _take_pickle(path):
         value = pickle.loads(f.read())
     FileSystems.delete([path])
     return value
+
+
+def _read_bytes(path: str) -> bytes:
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        return f.read()
+
+
+def _delete_tree(location: str) -> None:
+    """Deletes a directory of files on any Beam file system."""
+    if "://" not in location:
+        shutil.rmtree(location, ignore_errors=True)
+        return
+    matched = [m.path for r in FileSystems.match([FileSystems.join(location, "*")])
+               for m in r.metadata_list]
+    if matched:
+        FileSystems.delete(matched)
 
 
 class _DropOwnInputErrors(logging.Filter):
@@ -48,51 +93,171 @@ def _quiet_worker_input_errors() -> None:
         log.addFilter(_DropOwnInputErrors())
 
 
+def _counter(result, name: str) -> int | None:
+    """A job's committed (else attempted) Beam counter, None where the runner reports none."""
+    try:
+        found = result.metrics().query(
+            MetricsFilter().with_namespace(METRICS_NAMESPACE).with_name(name))["counters"]
+    except Exception:   # a runner without metrics support
+        return None
+    if not found:
+        return 0
+    return sum((c.committed if c.committed is not None else c.attempted) or 0 for c in found)
+
+
+class BatchFiles(batches.FileBatches):
+    """A finished batch job's files, deleted on exit: when training ends, and when it fails
+    unless ``keep`` (a checkpointed run, which resumes with them)."""
+
+    def __init__(self, location: str, manifest: batches.Manifest, keep: bool):
+        super().__init__(manifest, lambda name: _read_bytes(FileSystems.join(location, name)))
+        self.location, self.keep = location, keep
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None or not self.keep:
+            _delete_tree(self.location)
+        return False
+
+
 class BeamAggregator:
-    """``pipeline_args`` are Beam's own flags (``--runner``, ``--project``, ...), passed through."""
+    """``pipeline_args`` are Beam's own flags (``--runner``, ``--project``, ...), passed through.
+    The Parquet footers are read here, on the driver (shards and row counts)."""
 
     def __init__(self, files, label_column, feature_columns, loss, batch_rows,
                  pipeline_args: list[str], work_dir: str | None = None):
         _quiet_worker_input_errors()
-        self.read_args = (files, label_column, feature_columns, loss, batch_rows)
+        self.files = list(files)
+        self.dim = len(feature_columns)
+        self.reader = ShardReader(label_column, feature_columns, loss, batch_rows)
+        self.shards = data.plan_shards(self.files, batch_rows, open_file)
+        self.cache = Shared()   # the handle of this run's worker caches
         self.pipeline_args = list(pipeline_args)
-        self.block_maps: list = []
         self.options = PipelineOptions(pipeline_args)
-        if work_dir is None:
-            temp = self.options.get_all_options().get("temp_location")
-            work_dir = (FileSystems.join(temp, f"beam-dp-{uuid.uuid4().hex}") if temp
-                        else tempfile.mkdtemp(prefix="beam-dp-"))
-        self.work_dir = work_dir
+        temp = self.options.get_all_options().get("temp_location")
+        self.temp_root = temp or tempfile.gettempdir()
+        self._work_dir = work_dir
+        self.jobs: list[dict] = []
+        self._steps_per_job: dict[int, int] = {}
 
-    def with_block_map(self, block_map) -> "BeamAggregator":
-        """An aggregator over the blocks that ``block_map`` (block -> blocks) makes of these."""
-        other = BeamAggregator(*self.read_args, self.pipeline_args, self.work_dir)
-        other.block_maps = self.block_maps + [block_map]
-        return other
+    # ------------------------------------------------------------------ building and running jobs
+
+    @property
+    def work_dir(self) -> str:
+        """Where jobs leave results for the driver (made on first use, removed by ``close``)."""
+        if self._work_dir is None:
+            self._work_dir = FileSystems.join(self.temp_root, f"beam-dp-{uuid.uuid4().hex}")
+        if "://" not in self._work_dir:
+            os.makedirs(self._work_dir, exist_ok=True)
+        return self._work_dir
 
     def _path(self, name: str) -> str:
-        if "://" not in self.work_dir:
-            os.makedirs(self.work_dir, exist_ok=True)
         return FileSystems.join(self.work_dir, f"{name}-{uuid.uuid4().hex}.pkl")
 
+    def count_pipeline(self, path: str) -> beam.Pipeline:
+        p = beam.Pipeline(options=self.options)
+        (p | "ReadShards" >> ReadShards(self.shards)
+           | "Read" >> beam.FlatMap(self.reader)
+           | "Rows" >> beam.Map(len)
+           | "Count" >> beam.CombineGlobally(sum)
+           | "Save" >> beam.Map(_write_pickle, path))
+        return p
+
+    def stages_pipeline(self, stages: Sequence[Stage], state, path: str,
+                        options: PipelineOptions | None = None) -> beam.Pipeline:
+        p = beam.Pipeline(options=options or self.options)
+        (p | "ReadShards" >> ReadShards(self.shards)
+           | "Stages" >> RunStages(stages, state, self.reader, self.cache)
+           | "SaveState" >> beam.Map(_write_pickle, path))
+        return p
+
+    def batches_pipeline(self, plan, steps: int, location: str) -> beam.Pipeline:
+        p = beam.Pipeline(options=self.options)
+        per_file = batches.steps_per_file(plan.expected_rows, self.dim)
+        (p | "ReadShards" >> ReadShards(self.shards)
+           | "StepBatches" >> WriteStepBatches(self.reader, plan, steps, per_file, location, self.dim))
+        return p
+
+    def _run(self, kind: str, pipeline: beam.Pipeline, steps: int = 0) -> None:
+        start = time.perf_counter()
+        result = pipeline.run()
+        result.wait_until_finish()
+        self.jobs.append({"kind": kind, "steps": steps, "seconds": time.perf_counter() - start,
+                          "file_opens": _counter(result, FILE_OPENS)})
+
+    # ------------------------------------------------------------------ the Aggregator seam
+
     def count(self) -> int:
-        """The exact number of examples (stays on the driver, which adds the noise). Reading every
-        block also validates every file before training starts."""
-        path = self._path("count")
-        with beam.Pipeline(options=self.options) as p:
-            (p | "ReadBlocks" >> ReadBlocks(*self.read_args, self.block_maps)
-               | "Rows" >> beam.Map(len)
-               | "Count" >> beam.CombineGlobally(sum)
-               | "Save" >> beam.Map(_write_pickle, path))
-        count = int(_take_pickle(path))
+        """The exact number of examples (stays on the driver, which adds the noise): Parquet
+        footers' row counts, else one job that reads every row (and so validates the input)."""
+        count = data.counted_rows(self.shards)
+        if count is None:
+            path = self._path("count")
+            self._run("count", self.count_pipeline(path))
+            count = int(_take_pickle(path))
         if count == 0:  # as the local runner does (the README's trust model names this leak)
-            raise DataError(f"{', '.join(self.read_args[0])}: the input has no rows")
+            raise DataError(f"{', '.join(self.files)}: the input has no rows")
         return count
 
     def run_stages(self, stages: Sequence[Stage], state):
         path = self._path("state")
-        with beam.Pipeline(options=self.options) as p:
-            (p | "ReadBlocks" >> ReadBlocks(*self.read_args, self.block_maps)
-               | "Stages" >> RunStages(stages, state)
-               | "SaveState" >> beam.Map(_write_pickle, path))
+        self._run("stages", self.stages_pipeline(stages, state, path), steps=len(stages))
         return _take_pickle(path)
+
+    def steps_per_job(self, stage: Stage, remaining: int, state=None) -> int:
+        """As many copies of ``stage`` as keep the job's pipeline within JOB_GRAPH_BUDGET (from
+        the serialized size of a 1- and a 2-step pipeline), at most MAX_STEPS_PER_JOB."""
+        if id(stage) not in self._steps_per_job:
+            one, two = (self.graph_bytes(self.stages_pipeline([stage] * k, state, "unused"))
+                        for k in (1, 2))
+            per_step = max(1, two - one)
+            fits = (JOB_GRAPH_BUDGET - (one - per_step)) // per_step
+            self._steps_per_job[id(stage)] = int(max(1, min(MAX_STEPS_PER_JOB, fits)))
+        return min(self._steps_per_job[id(stage)], max(1, remaining))
+
+    @staticmethod
+    def graph_bytes(pipeline: beam.Pipeline) -> int:
+        return len(pipeline.to_runner_api().SerializeToString())
+
+    def step_batches(self, plan, steps: int, resume: str | None = None,
+                     keep: bool = False) -> BatchFiles:
+        """Every step's batch, written by one job under the temp location (``resume``: where an
+        earlier attempt of this run wrote them; reused if complete and made by the same plan)."""
+        fingerprint = hashlib.blake2b(repr((plan, steps, self.shards)).encode(),
+                                      digest_size=16).hexdigest()
+        if resume:
+            manifest = self._manifest(resume)
+            if manifest is not None and manifest.fingerprint == fingerprint:
+                return BatchFiles(resume, manifest, keep)
+            _delete_tree(resume)   # incomplete, or another plan's: made anew
+        location = FileSystems.join(self.temp_root, f"beam-dp-batches-{uuid.uuid4().hex}")
+        try:
+            self._run("batches", self.batches_pipeline(plan, steps, location))
+            names = sorted(os.path.basename(m.path) for r in FileSystems.match(
+                [FileSystems.join(location, batches.FILE_PATTERN)])
+                for m in r.metadata_list)
+            manifest = batches.Manifest(fingerprint, steps,
+                                        batches.steps_per_file(plan.expected_rows, self.dim), names)
+            with FileSystems.create(FileSystems.join(location, batches.DONE)) as f:
+                f.write(manifest.dumps().encode())
+        except BaseException:
+            _delete_tree(location)
+            raise
+        return BatchFiles(location, manifest, keep)
+
+    @staticmethod
+    def _manifest(location: str) -> batches.Manifest | None:
+        try:
+            return batches.Manifest.loads(_read_bytes(FileSystems.join(location, batches.DONE)).decode())
+        except Exception:   # missing or unreadable: not a finished batch job
+            return None
+
+    def close(self) -> None:
+        """Frees this process's cache (the in-process runner's workers are this process) and
+        removes the work directory."""
+        self.cache.acquire(ShardCache).clear()
+        if self._work_dir is not None:
+            _delete_tree(self._work_dir)
+            self._work_dir = None

@@ -1,17 +1,24 @@
-"""PTransforms over blocks of examples."""
+"""PTransforms over shards and blocks of examples."""
 from __future__ import annotations
 
 from typing import Sequence
 
 import apache_beam as beam
+import numpy as np
 import pyarrow as pa
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+from apache_beam.utils.shared import Shared
 
 from beam_dp import data
+from beam_dp.beam.cache import ShardCache
 from beam_dp.beam.combiners import CombinerFn
 from beam_dp.losses import GlmLoss
 from beam_dp.stats import ArraySum, record_releases
+
+METRICS_NAMESPACE = "beam_dp"
+FILE_OPENS = "input_file_opens"   # counter: shards read from their file (each opens it once)
 
 
 def open_file(path: str):
@@ -22,85 +29,79 @@ def open_file(path: str):
     return pa.CompressedInputStream(f, "gzip") if path.endswith(".gz") else f
 
 
-def _read_file(path: str, label_column: str, feature_columns: Sequence[str], loss: GlmLoss,
-               batch_rows: int):
-    return data.blocks_from_file(path, label_column, feature_columns, loss, batch_rows, open_file)
+class ShardReader:
+    """Reads a shard into validated Blocks (picklable: it travels to the workers), counting the
+    file opens in a Beam metric."""
 
-
-class ReadBlocks(beam.PTransform):
-    """File paths in, validated Blocks out. Files are spread over workers by a Reshuffle; each
-    file is read in batches of ``batch_rows`` rows, so no per-row Python objects are made."""
-
-    def __init__(self, files: Sequence[str], label_column: str, feature_columns: Sequence[str],
-                 loss: GlmLoss, batch_rows: int = data.DEFAULT_BATCH_ROWS, block_maps=()):
-        super().__init__()
-        self.files = list(files)
+    def __init__(self, label_column: str | None, feature_columns: Sequence[str], loss: GlmLoss,
+                 batch_rows: int = data.DEFAULT_BATCH_ROWS):
         self.args = (label_column, list(feature_columns), loss, batch_rows)
-        self.block_maps = list(block_maps)
+
+    def __call__(self, shard: data.Shard) -> list[data.Block]:
+        Metrics.counter(METRICS_NAMESPACE, FILE_OPENS).inc()
+        return list(data.blocks_from_shard(shard, *self.args, open_file))
+
+
+class ReadShards(beam.PTransform):
+    """The shards, spread over the workers by a Reshuffle. What flows through a job's steps."""
+
+    def __init__(self, shards: Sequence[data.Shard]):
+        super().__init__()
+        self.shards = list(shards)
 
     def expand(self, pbegin):
-        blocks = (pbegin
-                  | "Files" >> beam.Create(self.files)
-                  | "Spread" >> beam.Reshuffle()
-                  | "Read" >> beam.FlatMap(_read_file, *self.args))
-        for i, block_map in enumerate(self.block_maps):
-            blocks = blocks | f"MapBlocks{i}" >> beam.FlatMap(block_map)
-        return blocks
+        return pbegin | "Shards" >> beam.Create(self.shards) | "Spread" >> beam.Reshuffle()
 
 
-def _partial_sum(block, stage, state):
-    return stage.partial_sum(block, state)
+class _StageSums(beam.DoFn):
+    """A stage's partial sum per input element: a Block, or a Shard whose blocks come from the
+    worker's cache (read on a miss). Emits one array of the stage's shape per element."""
+
+    def __init__(self, stage, reader: ShardReader | None, cache: Shared | None):
+        self.stage, self.reader, self.cache_handle = stage, reader, cache
+        self.cache = None
+
+    def setup(self):
+        if self.cache_handle is not None:
+            self.cache = self.cache_handle.acquire(ShardCache)
+
+    def process(self, element, state):
+        blocks = ([element] if isinstance(element, data.Block)
+                  else self.cache.blocks(element, self.reader))
+        total = None
+        for block in blocks:
+            part = self.stage.partial_sum(block, state)
+            total = part if total is None else total + part
+        yield total if total is not None else np.zeros(self.stage.shape)
 
 
 def _apply(total, stage, state):
     return stage.apply(state, total)
 
 
-def _select_for_steps(block, stages, first_step):
-    """Each step's sample of the block, tagged with the step's index in the chunk."""
-    for i, stage in enumerate(stages):
-        rows = stage.select(block, first_step + i)
-        if len(rows):
-            yield i, rows
-
-
-def _by_step(tagged, num_partitions):
-    return tagged[0]
-
-
-def _selected_sum(tagged, stage, state):
-    return stage.selected_sum(tagged[1], state)
-
-
 class RunStages(beam.PTransform):
-    """Blocks in, the final state out (a singleton PCollection). Each stage (see
-    ``beam_dp.algorithms.base``) is a Map to partial sums per block with the current state as a
-    side input, one CombineGlobally, and a Map that adds the noise and updates the state."""
+    """Blocks (or shards, with ``reader`` and ``cache``) in, the final state out (a singleton
+    PCollection). Each stage (see ``beam_dp.algorithms.base``) is a ParDo to partial sums with
+    the current state as a side input, one CombineGlobally, and a Map that adds the noise and
+    updates the state."""
 
-    def __init__(self, stages, initial_state):
+    def __init__(self, stages, initial_state, reader: ShardReader | None = None,
+                 cache: Shared | None = None):
         super().__init__()
         self.stages = list(stages)
         self.initial_state = initial_state
+        self.reader, self.cache = reader, cache
 
-    def expand(self, blocks):
-        current = blocks.pipeline | "InitialState" >> beam.Create([self.initial_state])
-        # Sampling steps of a training state: sample the whole chunk in one pass over the blocks
-        # and route each step's rows to that step only (Partition), so a step's work is
-        # proportional to its batch rather than to the dataset.
-        # (Full-batch steps read everything anyway: routing each block to each step would only
-        # copy it.)
-        presample = (len(self.stages) > 1 and hasattr(self.initial_state, "step")
-                     and all(getattr(s, "subsamples", False) for s in self.stages))
-        if presample:
-            parts = (blocks
-                     | "SampleSteps" >> beam.FlatMap(_select_for_steps, self.stages, self.initial_state.step)
-                     | "ByStep" >> beam.Partition(_by_step, len(self.stages)))
+    def expand(self, inputs):
+        current = inputs.pipeline | "InitialState" >> beam.Create([self.initial_state])
         for i, stage in enumerate(self.stages):
             side = beam.pvalue.AsSingleton(current)
-            partial = (parts[i] | f"PartialSums{i}" >> beam.Map(_selected_sum, stage, side)
-                       if presample else
-                       blocks | f"PartialSums{i}" >> beam.Map(_partial_sum, stage, side))
-            total = partial | f"Sum{i}" >> beam.CombineGlobally(CombinerFn(ArraySum(stage.shape)))
+            partial = inputs | f"PartialSums{i}" >> beam.ParDo(
+                _StageSums(stage, self.reader, self.cache), side)
+            # without_defaults: every element yields a sum, so the input is never empty, and the
+            # default-value branch would add a stage (and a side input) to every step.
+            total = partial | f"Sum{i}" >> beam.CombineGlobally(
+                CombinerFn(ArraySum(stage.shape))).without_defaults()
             current = total | f"Apply{i}" >> beam.Map(_apply, stage, side)
         return current
 
