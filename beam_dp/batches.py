@@ -13,10 +13,12 @@ parts of a step that play different roles, e.g. DP-AMBSSGD's statistics and grad
 
 Batch files (Beam runner) hold the raw rows of the input: they are written under the job's temp
 location, inside the same trust boundary as the input, deleted when training ends, and never
-named in any output. Format: Arrow IPC files compressed with LZ4 (columnar, cheap to write and to
-read back), each holding the batches of ``steps_per_file`` consecutive steps as one record batch
-per (step, tag) with columns ``features`` (fixed-size list of d float64), ``label``, ``step``
-and ``tag``. A step with no rows has no record batch.
+named in any output. Steps are grouped (``steps_per_file`` consecutive steps, about FILE_BYTES of
+rows); per group, each shard's pieces are one Arrow IPC file (columnar, cheap to write and to
+read back, compressed with LZ4 on a remote temp location: ``compression``; one record batch per piece with columns ``features``, a
+fixed-size list of d float64, ``label``, ``step`` and ``tag``), and an index (JSON) names the
+group's piece files in shard order. The index is written from the job's shuffle, so it names
+only the pieces of committed work, never those of a failed and retried attempt.
 """
 from __future__ import annotations
 
@@ -34,7 +36,13 @@ from beam_dp.sampling import PoissonSampler
 # shuffle holds one file's rows, and the driver holds one file at a time.
 FILE_BYTES = 64 << 20
 DONE = "_COMPLETE.json"   # written by the driver once the batch job has succeeded
-COMPRESSION = "lz4"
+
+
+def compression(location: str) -> str | None:
+    """LZ4 for a remote temp location (gs://, s3://, ...), where the bytes cross the network and
+    real tables compress well; none on a local disk, where compressing only costs CPU (measured
+    on 5 epochs of a 200,000 x 50 table: LZ4 added 0.45 s to a 2.1 s run; zstd 1.5 s)."""
+    return "lz4" if "://" in location else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,13 +72,8 @@ def assemble(pieces: Iterable[Block]) -> list[Block]:
 
 
 def _join(tag: int, parts: Sequence[Block]) -> Block:
-    if len(parts) == 1:
-        features, labels = parts[0].features, parts[0].labels
-    else:
-        features = np.concatenate([p.features for p in parts])
-        labels = np.concatenate([p.labels for p in parts])
     # sq_norms are recomputed from the joined rows, as after reading a batch file back.
-    return Block(np.ascontiguousarray(features), np.ascontiguousarray(labels), "batch", 0, None, tag)
+    return _join_arrays(tag, [(p.features, p.labels) for p in parts])
 
 
 class LocalBatches:
@@ -95,70 +98,61 @@ class LocalBatches:
 # ------------------------------------------------------------------------------- batch files
 
 def steps_per_file(expected_batch_rows: float, dim: int) -> int:
-    """How many consecutive steps share a file (FILE_BYTES of raw rows, at least one step)."""
+    """How many consecutive steps form a group (FILE_BYTES of raw rows, at least one step)."""
     row_bytes = 8 * (dim + 2)
     return max(1, int(FILE_BYTES // max(1.0, expected_batch_rows * row_bytes)))
 
 
-def file_name(index: int) -> str:
-    return f"batches-{index:06d}.arrow"
+def pieces_name(group: int, shard: int, attempt: str) -> str:
+    """A shard's pieces of a group's steps. Zero-padded, so that names sort by shard."""
+    return f"pieces-{group:06d}-{shard:06d}-{attempt}.arrow"
 
 
-FILE_PATTERN = "batches-*.arrow"
+def index_name(group: int) -> str:
+    return f"batches-{group:06d}.json"
 
 
-# A piece as it travels through the batch job's shuffle: plain arrays and its sort key.
-Piece = tuple  # (step, tag, source, row_start, features, labels)
+PIECES_PATTERN, INDEX_PATTERN = "pieces-*.arrow", "batches-*.json"
+
+# A piece as the batch job writes it: (step, tag, features, labels).
+Piece = tuple
 
 
 def as_piece(step: int, block: Block) -> Piece:
-    return (step, block.tag, block.source, block.row_start, block.features, block.labels)
+    return (step, block.tag, block.features, block.labels)
 
 
-def write_file(f: BinaryIO, pieces: Iterable[Piece], dim: int) -> None:
-    """Writes the pieces of some steps (d = ``dim`` features) as one record batch per (step,
-    tag), in step order."""
-    groups: dict[tuple[int, int], list[Piece]] = {}
-    for piece in pieces:
-        groups.setdefault((piece[0], piece[1]), []).append(piece)
+def write_pieces(f: BinaryIO, pieces: Sequence[Piece], dim: int, codec: str | None = None) -> None:
+    """One record batch per piece, in the given order (a shard's blocks in order), compressed
+    with ``codec`` (see ``compression``)."""
     # Labels keep their encoded type (class ids are integers, for indexing).
-    label_type = (pa.from_numpy_dtype(next(iter(groups.values()))[0][5].dtype) if groups
-                  else pa.float64())
+    label_type = pa.from_numpy_dtype(pieces[0][3].dtype) if pieces else pa.float64()
     schema = pa.schema([("features", pa.list_(pa.float64(), dim)), ("label", label_type),
                         ("step", pa.int64()), ("tag", pa.int64())])
-    options = pa.ipc.IpcWriteOptions(compression=COMPRESSION)
-    with pa.ipc.new_file(f, schema, options=options) as writer:
-        for step, tag in sorted(groups):
-            # The order ``assemble`` gives: by (file, first row) within a (step, tag).
-            parts = sorted(groups[(step, tag)], key=lambda p: (p[2], p[3]))
-            features = np.concatenate([p[4] for p in parts]).reshape(-1)
-            labels = np.concatenate([p[5] for p in parts])
+    with pa.ipc.new_file(f, schema, options=pa.ipc.IpcWriteOptions(compression=codec)) as writer:
+        for step, tag, features, labels in pieces:
             m = len(labels)
             writer.write_batch(pa.record_batch([
-                pa.FixedSizeListArray.from_arrays(pa.array(features), dim),
+                pa.FixedSizeListArray.from_arrays(pa.array(features.reshape(-1)), dim),
                 pa.array(labels), pa.array(np.full(m, step)), pa.array(np.full(m, tag))],
                 schema=schema))
 
 
-def read_file(data: bytes) -> dict[int, list[Block]]:
-    """The batches of a file, by step."""
-    out: dict[int, list[Block]] = {}
+def read_pieces(data: bytes) -> Iterator[Piece]:
     reader = pa.ipc.open_file(pa.BufferReader(data))
     dim = reader.schema.field("features").type.list_size
     for i in range(reader.num_record_batches):
         batch = reader.get_batch(i)
-        step, tag = int(batch.column(2)[0].as_py()), int(batch.column(3)[0].as_py())
-        features = batch.column(0).flatten().to_numpy(zero_copy_only=False).reshape(-1, dim)
-        labels = batch.column(1).to_numpy(zero_copy_only=False)
-        out.setdefault(step, []).append(
-            Block(np.ascontiguousarray(features), np.ascontiguousarray(labels), "batch", 0, None, tag))
-    return out
+        yield (int(batch.column(2)[0].as_py()), int(batch.column(3)[0].as_py()),
+               batch.column(0).flatten().to_numpy(zero_copy_only=False).reshape(-1, dim),
+               batch.column(1).to_numpy(zero_copy_only=False))
 
 
 @dataclasses.dataclass
 class Manifest:
     """What the driver writes (``DONE``) once a batch job has succeeded: which run's plan the
-    files hold, so that a resumed run reuses them only if they are complete and its own."""
+    files hold, so that a resumed run reuses them only if they are complete and its own, and the
+    groups' index files (a group with no rows at all has none)."""
 
     fingerprint: str
     steps: int
@@ -175,17 +169,29 @@ class Manifest:
 
 class FileBatches:
     """The driver's reader of a finished batch job's files, for steps in increasing order (one
-    file in memory at a time). ``read(name) -> bytes`` reads a file of the batch directory."""
+    group of steps in memory at a time). ``read(name) -> bytes`` reads a file of the batch
+    directory. A group's index names its piece files in shard order, and a piece file holds a
+    shard's pieces in block order: joined per tag in that order, a step's batch has the arrays
+    ``assemble`` makes (the local runner's)."""
 
     def __init__(self, manifest: Manifest, read: Callable[[str], bytes]):
         self.manifest, self.read = manifest, read
-        self._index, self._steps = None, {}
+        self._group, self._steps = None, {}
 
     def get(self, step: int) -> list[Block]:
-        index = step // self.manifest.steps_per_file
-        if index != self._index:
-            name = file_name(index)
-            self._steps = (read_file(self.read(name)) if name in self.manifest.files
-                           else {})   # every step of a missing file had an empty batch
-            self._index = index
-        return self._steps.get(step, [])
+        group = step // self.manifest.steps_per_file
+        if group != self._group:
+            self._steps = {}
+            name = index_name(group)
+            names = json.loads(self.read(name)) if name in self.manifest.files else []
+            for piece_file in names:
+                for s, tag, features, labels in read_pieces(self.read(piece_file)):
+                    self._steps.setdefault(s, {}).setdefault(tag, []).append((features, labels))
+            self._group = group
+        return [_join_arrays(tag, parts) for tag, parts in sorted(self._steps.get(step, {}).items())]
+
+
+def _join_arrays(tag: int, parts: list) -> Block:
+    features = parts[0][0] if len(parts) == 1 else np.concatenate([f for f, _ in parts])
+    labels = parts[0][1] if len(parts) == 1 else np.concatenate([lab for _, lab in parts])
+    return Block(np.ascontiguousarray(features), np.ascontiguousarray(labels), "batch", 0, None, tag)

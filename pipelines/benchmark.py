@@ -1,43 +1,47 @@
-"""Benchmark: time per training step of the local and Beam runners against the memory-bandwidth
-floor, on a synthetic logistic dataset.
+"""Benchmark: what a training run costs on each runner, side by side, with the jobs it launched,
+the input files it opened and the share of privacy accounting.
 
-    .venv/bin/python pipelines/benchmark.py --n 200000 --d 50
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python pipelines/benchmark.py
 
-Writes the dataset as Parquet shards into a temporary directory, loads them into Blocks the way
-``beam-dp train --runner local`` does, and prints (figures only, nothing is asserted):
+Writes synthetic logistic data as Parquet shards into a temporary directory and prints (figures
+only, nothing is asserted):
 
-* floor: one pass of ``X @ w`` and one of ``X.T @ r`` over the same in-memory blocks, the least
-  a full-batch GLM gradient can cost (each pass reads the whole feature matrix once);
-* local: ``LocalAggregator`` running a full-batch ``NoisyGradientStep`` (dpgd, q = 1),
-  median over ``--steps`` single steps after a warm-up. Floor passes and local steps alternate,
-  so that both see the same load on a shared machine: the median of the paired ratios (step /
-  the floor pass just before it) is the robust figure, the ratio of medians and of minima are
-  printed too;
-* beam: ``BeamAggregator`` on ``--runner FnApiRunner`` over the Parquet shards, one pipeline
-  each of 1, 2 and K = ``--steps`` steps; (t_K - t_2) / (K - 2) is the per-step cost and
-  t_2 - 2 * that the fixed per-pipeline overhead (building and starting the pipeline, reading and
-  materializing the blocks). With k = 1 Beam fuses the read into the step, so it is shown apart;
-* the same for DP-SGD (q = batch size / n) unless ``--batch-size 0``.
+1. Full-batch DP-GD, n = ``--n``, d = ``--d``: the numpy floor (one pass of X @ w and one of
+   X.T @ r), and the cost of one step on ``--runner local``, on Beam's in-process FnApiRunner and
+   on Beam's portable machinery with an external worker pool of 1 and 2 processes (FnApiRunner
+   with an EXTERNAL environment served by ``worker_pool_main`` and ``direct_num_workers`` 1 or 2:
+   the engine Beam's portable job service runs, with real SDK worker processes) at
+   n = ``--portable-n``. A step's cost is (t(K) - t(2)) / (K - 2) over one job of 2 and one of K
+   = ``--steps`` steps, each on a fresh aggregator (so each job reads its input once: the read
+   is in the fixed part). Throughput = rows per second of steps.
+2. DP-SGD, n = ``--n``, batch ``--batch-size``, ``--epochs`` epochs, trained as a user would
+   (``--epsilon 1``, private count) on each runner: wall time, jobs launched, input files opened
+   (a Beam counter), and the seconds spent in privacy accounting.
+3. The README's example job (``beam-dp make-data``, ``beam-dp train --epsilon 1``, default
+   algorithm and runner): wall time and accounting share.
 
-On a small machine shared with other jobs, OpenBLAS's default threads make matrix-vector
-products erratic (a thread waiting for a busy core); ``OPENBLAS_NUM_THREADS=1`` gives steadier
-figures. The header prints the setting and the load average.
-
-Everything Beam pickles (the step function, the sampler, the loss) is imported from ``beam_dp``.
+``--skip-portable`` leaves out the worker pool rows (they start processes and take a minute).
+On a small machine shared with other jobs, OpenBLAS's default threads make matrix products
+erratic; ``OPENBLAS_NUM_THREADS=1`` gives steadier figures. The header prints the load average.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
+import signal
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 
 import numpy as np
 
-from beam_dp import data, losses, synthetic
+from beam_dp import accounting, data, losses, synthetic
+from beam_dp.algorithms import registry
 from beam_dp.algorithms.base import TrainState
 from beam_dp.algorithms.noisy_gd import NoisyGradientStep
 from beam_dp.local import LocalAggregator
@@ -46,162 +50,247 @@ from beam_dp.sampling import PoissonSampler
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--n", type=int, default=200_000, help="examples")
+    p.add_argument("--n", type=int, default=200_000, help="examples (sections 1 and 2)")
     p.add_argument("--d", type=int, default=50, help="features")
-    p.add_argument("--steps", type=int, default=20,
-                   help="timed local steps, and the steps K of the long Beam pipeline")
-    p.add_argument("--warmup", type=int, default=2, help="untimed local steps first")
-    p.add_argument("--block-rows", type=int, default=data.DEFAULT_BATCH_ROWS,
-                   help="rows per block read (the CLI's --batch-rows)")
+    p.add_argument("--portable-n", type=int, default=1_000_000,
+                   help="examples of the worker-pool full-batch rows")
+    p.add_argument("--steps", type=int, default=22, help="K: steps of the long full-batch job")
+    p.add_argument("--batch-size", type=int, default=1000, help="DP-SGD expected batch size")
+    p.add_argument("--epochs", type=float, default=5.0, help="DP-SGD epochs")
     p.add_argument("--shards", type=int, default=4, help="Parquet files")
-    p.add_argument("--batch-size", type=int, default=1000,
-                   help="expected batch size for the DP-SGD rows; 0 skips them")
-    p.add_argument("--skip-beam", action="store_true", help="local runner and floor only")
+    p.add_argument("--skip-portable", action="store_true", help="no worker-pool rows")
+    p.add_argument("--skip-example", action="store_true", help="no README example job")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    if min(args.n, args.d, args.steps, args.block_rows, args.shards) < 1 or args.warmup < 0:
-        p.error("--n, --d, --steps, --block-rows and --shards must be positive")
-    if args.steps < 3 and not args.skip_beam:
-        p.error("--steps must be at least 3 to separate the Beam per-step cost from its overhead")
+    if min(args.n, args.d, args.shards, args.batch_size, args.portable_n) < 1 or args.steps < 3:
+        p.error("sizes must be positive and --steps at least 3")
     return args
 
 
-def make_step(loss, n: int, d: int, q: float, seed: int) -> NoisyGradientStep:
+LOSS = losses.LogisticLoss()
+
+
+def write_data(directory: str, n: int, d: int, shards: int, seed: int) -> list[str]:
+    x, y = synthetic.make_dataset("binary", n, d, seed)
+    return synthetic.write_shards(directory, "train", x, y, shards)
+
+
+def features(d: int) -> list[str]:
+    return [f"f{j}" for j in range(d)]
+
+
+def full_batch_step(n: int, d: int, seed: int) -> NoisyGradientStep:
     # sigma = 1, C = 1: the noise scale does not change the cost; no calibration needed.
-    return NoisyGradientStep(loss=loss, clip_norm=1.0, noise_std=1.0, normalizer=q * n,
-                             shape=(loss.outputs(), d + 1),
-                             learning_rate=1.0, sampler=PoissonSampler(q, seed), seed=seed)
+    return NoisyGradientStep(loss=LOSS, clip_norm=1.0, noise_std=1.0, normalizer=float(n),
+                             shape=(1, d + 1), learning_rate=1.0,
+                             sampler=PoissonSampler(1.0, seed), seed=seed)
 
 
-def run_steps(aggregator, step_fn, state: TrainState, k: int) -> TrainState:
-    """k consecutive steps in one call (one pipeline on Beam)."""
-    return aggregator.run_stages([step_fn] * k, state)
-
-
-def floor_pass(blocks, w, rs) -> float:
-    """Seconds for one pass of ``X @ w`` plus ``X.T @ r`` over every block."""
-    t0 = time.perf_counter()
-    for b, r in zip(blocks, rs):
-        b.features @ w
-        b.features.T @ r
-    return time.perf_counter() - t0
-
-
-def time_local_and_floor(aggregator, step_fn, state, steps: int, warmup: int, seed: int):
-    """Per-step seconds of the local runner and of the floor, measured alternately (one floor pass,
-    one step, ...) so that both see the same machine load; returns (local times, floor times)."""
-    blocks = aggregator.blocks
-    g = np.random.default_rng(seed)
+def floor_seconds(blocks, repeats: int = 7) -> float:
+    """Median seconds of one pass of ``X @ w`` plus one of ``X.T @ r`` over every block."""
+    g = np.random.default_rng(0)
     w = g.standard_normal(blocks[0].features.shape[1])
     rs = [g.standard_normal(len(b)) for b in blocks]
-    local, floor = [], []
-    for i in range(warmup + steps):
-        f = floor_pass(blocks, w, rs)
+    times = []
+    for _ in range(repeats):
         t0 = time.perf_counter()
-        state = run_steps(aggregator, step_fn, state, 1)
-        t = time.perf_counter() - t0
-        if i >= warmup:
-            local.append(t)
-            floor.append(f)
-    return local, floor
+        for b, r in zip(blocks, rs):
+            b.features @ w
+            b.features.T @ r
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
-def time_beam(aggregator, step_fn, state, k: int) -> tuple[float, TrainState]:
+def beam_aggregator(files, d: int, pipeline_args=(), make_runner=None):
+    from beam_dp.beam.aggregator import BeamAggregator
+    return BeamAggregator(files, "label", features(d), LOSS, data.DEFAULT_BATCH_ROWS,
+                          ["--runner", "FnApiRunner", *pipeline_args], make_runner=make_runner)
+
+
+def per_step(make_aggregator, step, d: int, k: int) -> dict:
+    """Per-step seconds from one job of 2 and one of k steps, each on a fresh aggregator."""
+    runs = {}
+    for steps in (2, k):
+        aggregator = make_aggregator()
+        t0 = time.perf_counter()
+        aggregator.run_stages([step] * steps, TrainState.zeros(1, d))
+        runs[steps] = (time.perf_counter() - t0, getattr(aggregator, "jobs", []))
+        aggregator.close()
+    seconds = (runs[k][0] - runs[2][0]) / (k - 2)
+    jobs = runs[k][1]
+    return {"step": seconds, "fixed": runs[2][0] - 2 * seconds, "jobs": len(jobs),
+            "opens": [j["file_opens"] for j in jobs]}
+
+
+@contextlib.contextmanager
+def worker_pool():
+    """Beam's Python SDK worker pool (``worker_pool_main``) in its own process group; yields
+    its address. Its workers are started as ``python`` from PATH: this interpreter's."""
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen([sys.executable, "-m", "apache_beam.runners.worker.worker_pool_main",
+                             f"--service_port={port}"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("localhost", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError("the worker pool did not start")
+                time.sleep(0.1)
+        yield f"localhost:{port}"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def external_runner(address: str):
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+    from apache_beam.transforms import environments
+    return lambda: FnApiRunner(default_environment=environments.ExternalEnvironment(address))
+
+
+def train_run(algorithm: str, make_aggregator, d: int, options: dict, seed: int) -> dict:
+    """A training run as ``beam_dp.train`` makes it (epsilon 1, private count), timed from the
+    aggregator's making (the local runner reads the files then); the accounting seconds from
+    ``accounting.STOPWATCH``, reset first: a calibration memoized by an earlier run in this
+    process would not be counted, so runs that repeat one are not compared on it."""
+    chosen = registry.get(algorithm)
+    problem = registry.Problem(LOSS, d, registry.Privacy(1.0, 1e-5, None, "pld", None, None),
+                               True, None, None, {"files": "benchmark"})
+    stopwatch = getattr(accounting, "STOPWATCH", None)
+    if stopwatch is not None:
+        stopwatch.reset()
     t0 = time.perf_counter()
-    out = run_steps(aggregator, step_fn, state, k)
-    return time.perf_counter() - t0, out
+    aggregator = make_aggregator()
+    result = chosen.train(registry.make_options(chosen.options, options), problem, aggregator,
+                          seed, accounting.Ledger("pld", chosen.relation), lambda *a: None)
+    wall = time.perf_counter() - t0
+    jobs = getattr(aggregator, "jobs", [])
+    aggregator.close()
+    return {"wall": wall, "steps": result.steps, "jobs": [j["kind"] for j in jobs],
+            "opens": [j["file_opens"] for j in jobs],
+            "accounting": stopwatch.seconds if stopwatch is not None else None}
+
+
+def readme_example(tmp: str) -> dict:
+    from beam_dp import cli
+    stopwatch = getattr(accounting, "STOPWATCH", None)
+    out = os.path.join(tmp, "example")
+    cli.main(["make-data", "--output", out, "--overwrite"])
+    if stopwatch is not None:
+        stopwatch.reset()
+    t0 = time.perf_counter()
+    code = cli.main(["train", "--input", os.path.join(out, "train-*.parquet"), "--validation",
+                     os.path.join(out, "validation-*.parquet"), "--output",
+                     os.path.join(tmp, "example-out"), "--overwrite", "--epsilon", "1",
+                     "--delta", "1e-5"])
+    return {"wall": time.perf_counter() - t0, "code": code,
+            "accounting": stopwatch.seconds if stopwatch is not None else None}
+
+
+def _opens(opens) -> str:
+    return "/".join("?" if o is None else str(o) for o in opens) or "-"
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     n, d = args.n, args.d
-    loss = losses.LogisticLoss()
-    features = [f"f{j}" for j in range(d)]
     tmp = tempfile.mkdtemp(prefix="beam-dp-bench-")
     try:
-        x, y = synthetic.make_dataset("binary", n, d, args.seed)
-        files = synthetic.write_shards(os.path.join(tmp, "data"), "train", x, y, args.shards)
-        del x, y
-        blocks = data.load_blocks(files, "label", features, loss, args.block_rows)
-        local = LocalAggregator(blocks)
-        sizes = sorted({len(b) for b in blocks})
-
-        print(f"beam-dp benchmark: n={n:,} d={d} logistic; {len(blocks)} blocks of "
-              f"{'/'.join(f'{s:,}' for s in sizes)} rows from {args.shards} Parquet shards; "
-              f"{os.cpu_count()} CPUs; numpy {np.__version__}, OPENBLAS_NUM_THREADS="
-              f"{os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}; load average {os.getloadavg()[0]:.2f}")
-        print(f"feature matrix {n * d * 8 / 1e6:.0f} MB. local and floor: median of {args.steps} "
-              f"steps after {args.warmup} warm-up, measured alternately; beam: one pipeline "
-              f"each of k=1, 2 and {args.steps} steps")
+        files = write_data(os.path.join(tmp, "data"), n, d, args.shards, args.seed)
+        blocks = data.load_blocks(files, "label", features(d), LOSS)
+        print(f"beam-dp benchmark: logistic, d={d}; {os.cpu_count()} CPUs; numpy {np.__version__}; "
+              f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}; load "
+              f"average {os.getloadavg()[0]:.2f}")
         print()
 
-        rows = []  # (runner, algorithm, seconds per step, note)
-        configs = [("dpgd", 1.0)]
-        if args.batch_size > 0:
-            configs.append((f"dpsgd B={args.batch_size}", min(1.0, args.batch_size / n)))
+        # ------------------------------------------------------------- 1. full-batch DP-GD
+        print(f"1. Full-batch DP-GD step, n={n:,} in {args.shards} Parquet files "
+              f"({n * d * 8 / 1e6:.0f} MB of features); per step from jobs of 2 and {args.steps} steps")
+        step = full_batch_step(n, d, args.seed)
+        floor = floor_seconds(blocks)
+        rows = [("numpy floor (X@w + X.T@r)", floor, None, "")]
+        local = per_step(lambda: LocalAggregator(blocks), step, d, args.steps)
+        rows.append(("--runner local", local["step"], None, ""))
+        beam = per_step(lambda: beam_aggregator(files, d), step, d, args.steps)
+        rows.append(("Beam in-process (FnApiRunner)", beam["step"], beam,
+                     f"fixed {beam['fixed']:.2f} s/job"))
+        print(f"   {'runner':<44} {'ms/step':>9} {'x floor':>8} {'x local':>8}  jobs, file opens per job, notes")
+        for name, seconds, info, note in rows:
+            extra = f"{info['jobs']}, {_opens(info['opens'])}, {note}" if info else note
+            print(f"   {name:<44} {seconds * 1e3:9.2f} {seconds / floor:8.2f} "
+                  f"{seconds / local['step']:8.2f}  {extra}")
+        print(f"   => Beam in-process step / local step: {beam['step'] / local['step']:.2f} (target <= 3)")
 
-        beam_agg = None
-        if not args.skip_beam:
-            from beam_dp.beam.aggregator import BeamAggregator
-            beam_agg = BeamAggregator(files, "label", features, loss, args.block_rows,
-                                      ["--runner", "FnApiRunner"],
-                                      work_dir=os.path.join(tmp, "work"))
+        portable_rows = []
+        if not args.skip_portable:
+            pn = args.portable_n
+            pfiles = write_data(os.path.join(tmp, "portable"), pn, d, max(args.shards, 8), args.seed)
+            pstep = full_batch_step(pn, d, args.seed)
+            plocal = per_step(lambda: LocalAggregator(data.load_blocks(pfiles, "label", features(d), LOSS)),
+                              pstep, d, args.steps)
+            print(f"\n   n={pn:,} in {len(pfiles)} Parquet files, worker pool "
+                  f"(FnApiRunner, EXTERNAL environment, worker_pool_main):")
+            print(f"   {'runner':<44} {'ms/step':>9} {'rows/s':>12}  jobs, file opens per job")
+            print(f"   {'--runner local':<44} {plocal['step'] * 1e3:9.2f} {pn / plocal['step']:12.3g}")
+            with worker_pool() as address:
+                for workers in (1, 2):
+                    result = per_step(lambda: beam_aggregator(
+                        pfiles, d, [f"--direct_num_workers={workers}"], external_runner(address)),
+                        pstep, d, args.steps)
+                    portable_rows.append((workers, result))
+                    print(f"   {f'worker pool, {workers} process(es)':<44} {result['step'] * 1e3:9.2f} "
+                          f"{pn / result['step']:12.3g}  {result['jobs']}, {_opens(result['opens'])}, "
+                          f"fixed {result['fixed']:.2f} s/job")
+            one, two = (r["step"] for _, r in portable_rows)
+            print(f"   => throughput of 2 worker processes / 1: {one / two:.2f} (target >= 1.5)")
 
-        # All local and floor timings first, then Beam: nothing of a Beam run can disturb them.
-        floor_times, paired, best = [], None, None
-        steps = {name: make_step(loss, n, d, q, args.seed) for name, q in configs}
-        start = TrainState.zeros(1, d)
-        for name, q in configs:
-            times, floors = time_local_and_floor(local, steps[name], start, args.steps,
-                                                 args.warmup, args.seed)
-            floor_times += floors
-            note = f"min {min(times) * 1e3:.2f}, max {max(times) * 1e3:.2f}"
-            if q >= 1.0:
-                paired = statistics.median(t / f for t, f in zip(times, floors))
-                best = min(times) / min(floors)
-                note += f"; paired ratio {paired:.2f}"
-            rows.append(("local", name, statistics.median(times), note))
+        # ------------------------------------------------------------- 2. DP-SGD, a whole run
+        print(f"\n2. DP-SGD run, n={n:,}, batch {args.batch_size}, {args.epochs:g} epochs, --epsilon 1, "
+              "private count (as a user runs it)")
+        options = {"batch_size": args.batch_size, "epochs": args.epochs}
+        runs = [("--runner local (reading the files)", train_run("dpsgd", lambda: LocalAggregator(
+            data.load_blocks(files, "label", features(d), LOSS)), d, options, args.seed))]
+        runs.append(("Beam in-process (FnApiRunner)",
+                     train_run("dpsgd", lambda: beam_aggregator(files, d), d, options, args.seed)))
+        if not args.skip_portable:
+            with worker_pool() as address:
+                for workers in (1, 2):
+                    runs.append((f"worker pool, {workers} process(es)", train_run(
+                        "dpsgd", lambda: beam_aggregator(files, d, [f"--direct_num_workers={workers}"],
+                                                         external_runner(address)),
+                        d, options, args.seed)))
+        print(f"   {'runner':<44} {'wall s':>8} {'x local':>8} {'acct s':>7} {'acct %':>7}  steps, jobs, file opens per job")
+        base = runs[0][1]["wall"]
+        for name, r in runs:
+            acct = r["accounting"]
+            print(f"   {name:<44} {r['wall']:8.2f} {r['wall'] / base:8.2f} "
+                  f"{acct if acct is not None else float('nan'):7.2f} "
+                  f"{100 * acct / r['wall'] if acct is not None else float('nan'):6.1f}%  "
+                  f"{r['steps']}, {len(r['jobs'])} ({'+'.join(r['jobs']) or 'none'}), {_opens(r['opens'])}")
+        print(f"   => Beam in-process / local: {runs[1][1]['wall'] / base:.2f} (target <= 2); "
+              f"accounting share on local: "
+              + (f"{100 * base and 100 * runs[0][1]['accounting'] / base:.1f}% (target <= 10%)"
+                 if runs[0][1]["accounting"] is not None else "n/a"))
 
-        checks = []
-        for name, _ in (configs if beam_agg is not None else []):
-            step_fn, k = steps[name], args.steps
-            time_beam(beam_agg, step_fn, start, 1)  # warm-up: imports, first pipeline
-            t1, _ = time_beam(beam_agg, step_fn, start, 1)
-            t2, _ = time_beam(beam_agg, step_fn, start, 2)
-            tk, beam_state = time_beam(beam_agg, step_fn, start, k)
-            # k = 1 is special: Beam fuses the read into the only step and never materializes the
-            # blocks, so the per-step cost and the fixed overhead come from k = 2 and k = K.
-            per_step = (tk - t2) / (k - 2)
-            rows.append(("beam FnApiRunner", name, per_step,
-                         f"pipelines: k=1 {t1:.2f} s, k=2 {t2:.2f} s, k={k} {tk:.2f} s; "
-                         f"fixed {t2 - 2 * per_step:.2f} s; k={k} amortized {tk / k * 1e3:.0f} ms/step"))
-            local_state = run_steps(local, step_fn, start, k)
-            diff = (np.max(np.abs(beam_state.theta - local_state.theta))
-                    / np.max(np.abs(local_state.theta)))
-            checks.append(f"{name}: theta after {k} steps, beam vs local: max relative "
-                          f"difference {diff:.1e}")
-
-        floor = statistics.median(floor_times)
-        bandwidth = 2 * n * d * 8 / floor / 1e9
-        rows.insert(0, ("floor", "X@w + X.T@r", floor,
-                        f"min {min(floor_times) * 1e3:.2f}, max {max(floor_times) * 1e3:.2f}; "
-                        f"{bandwidth:.1f} GB/s effective"))
-
-        print(f"{'runner':<17} {'algorithm':<12} {'ms/step':>9} {'x floor':>8}  notes (ms unless s)")
-        print("-" * 110)
-        for runner, name, seconds, note in rows:
-            print(f"{runner:<17} {name:<12} {seconds * 1e3:9.2f} {seconds / floor:8.2f}  {note}")
-        print()
-        local_full = next(s for r, a, s, _ in rows if r == "local" and a == "dpgd")
-        print(f"local / floor (dpgd, full batch): ratio of medians {local_full / floor:.2f}, "
-              f"median of paired ratios {paired:.2f}, ratio of minima {best:.2f}; "
-              f"target <= 2 (paired): {'met' if paired <= 2 else 'NOT met'}")
-        for r, a, s, _ in rows:
-            if r.startswith("beam") and a == "dpgd":
-                print(f"beam / floor (dpgd, per step after the fixed overhead): {s / floor:.1f}")
-        for line in checks:
-            print(line)
-        print(f"load average at the end {os.getloadavg()[0]:.2f} (figures from a loaded machine are noisy)")
+        # ------------------------------------------------------------- 3. the README's example
+        if not args.skip_example:
+            r = readme_example(tmp)
+            acct = r["accounting"]
+            print(f"\n3. README example job (make-data; train --epsilon 1, default dpgd on "
+                  f"FnApiRunner): wall {r['wall']:.2f} s, exit {r['code']}, accounting "
+                  + (f"{acct:.2f} s = {100 * acct / r['wall']:.1f}% (target <= 10%)"
+                     if acct is not None else "n/a"))
+        print(f"\nload average at the end {os.getloadavg()[0]:.2f} (figures from a loaded machine are noisy)")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

@@ -123,11 +123,14 @@ class BatchFiles(batches.FileBatches):
 
 
 class BeamAggregator:
-    """``pipeline_args`` are Beam's own flags (``--runner``, ``--project``, ...), passed through.
-    The Parquet footers are read here, on the driver (shards and row counts)."""
+    """``pipeline_args`` are Beam's own flags (``--runner``, ``--project``, ...), passed through;
+    ``make_runner``, if given, makes the runner object of each job instead (e.g. an FnApiRunner
+    whose workers an external worker pool starts, in the benchmark). The Parquet footers are read
+    here, on the driver (shards and row counts)."""
 
     def __init__(self, files, label_column, feature_columns, loss, batch_rows,
-                 pipeline_args: list[str], work_dir: str | None = None):
+                 pipeline_args: list[str], work_dir: str | None = None,
+                 make_runner: Callable[[], object] | None = None):
         _quiet_worker_input_errors()
         self.files = list(files)
         self.dim = len(feature_columns)
@@ -141,6 +144,7 @@ class BeamAggregator:
         self._work_dir = work_dir
         self.jobs: list[dict] = []
         self._steps_per_job: dict[int, int] = {}
+        self.make_runner = make_runner
 
     # ------------------------------------------------------------------ building and running jobs
 
@@ -153,11 +157,15 @@ class BeamAggregator:
             os.makedirs(self._work_dir, exist_ok=True)
         return self._work_dir
 
+    def _pipeline(self, options: PipelineOptions | None = None) -> beam.Pipeline:
+        runner = self.make_runner() if self.make_runner is not None else None
+        return beam.Pipeline(runner=runner, options=options or self.options)
+
     def _path(self, name: str) -> str:
         return FileSystems.join(self.work_dir, f"{name}-{uuid.uuid4().hex}.pkl")
 
     def count_pipeline(self, path: str) -> beam.Pipeline:
-        p = beam.Pipeline(options=self.options)
+        p = self._pipeline()
         (p | "ReadShards" >> ReadShards(self.shards)
            | "Read" >> beam.FlatMap(self.reader)
            | "Rows" >> beam.Map(len)
@@ -167,17 +175,17 @@ class BeamAggregator:
 
     def stages_pipeline(self, stages: Sequence[Stage], state, path: str,
                         options: PipelineOptions | None = None) -> beam.Pipeline:
-        p = beam.Pipeline(options=options or self.options)
+        p = self._pipeline(options)
         (p | "ReadShards" >> ReadShards(self.shards)
            | "Stages" >> RunStages(stages, state, self.reader, self.cache)
            | "SaveState" >> beam.Map(_write_pickle, path))
         return p
 
     def batches_pipeline(self, plan, steps: int, location: str) -> beam.Pipeline:
-        p = beam.Pipeline(options=self.options)
+        p = self._pipeline()
         per_file = batches.steps_per_file(plan.expected_rows, self.dim)
-        (p | "ReadShards" >> ReadShards(self.shards)
-           | "StepBatches" >> WriteStepBatches(self.reader, plan, steps, per_file, location, self.dim))
+        p | "StepBatches" >> WriteStepBatches(self.shards, self.reader, plan, steps, per_file,
+                                              location, self.dim)
         return p
 
     def _run(self, kind: str, pipeline: beam.Pipeline, steps: int = 0) -> None:
@@ -236,7 +244,7 @@ class BeamAggregator:
         try:
             self._run("batches", self.batches_pipeline(plan, steps, location))
             names = sorted(os.path.basename(m.path) for r in FileSystems.match(
-                [FileSystems.join(location, batches.FILE_PATTERN)])
+                [FileSystems.join(location, batches.INDEX_PATTERN)])
                 for m in r.metadata_list)
             manifest = batches.Manifest(fingerprint, steps,
                                         batches.steps_per_file(plan.expected_rows, self.dim), names)

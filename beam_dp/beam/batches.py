@@ -1,11 +1,20 @@
 """The batch job: one Beam pipeline that reads the input once, assigns each row to the steps
 whose batch holds it (``beam_dp.batches``: from the seed and the row's position, exactly the
 sampling the accounting assumes), groups the rows by step with a shuffle (GroupByKey) and writes
-each group of consecutive steps' batches to one file under the job's temp location."""
+each group of consecutive steps' batches under the job's temp location.
+
+The rows travel through files and the shuffle groups the files' names, as Spark's map-side
+spills do: each shard's pieces of a group of steps are one file, written once by the worker that
+read the shard and read once by the driver. Beam's in-process runner copies a shuffled
+element's bytes several times: moving 5 epochs of a 200,000 x 50 table (400 MB) through its
+GroupByKey cost 5-7 s, against about 1 s for the whole local run (measured with
+pipelines/benchmark.py); a rewrite of the grouped rows into one file per group, another 0.6 s.
+"""
 from __future__ import annotations
 
 import collections
-import itertools
+import json
+import uuid
 
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
@@ -14,35 +23,47 @@ from apache_beam.io.filesystems import FileSystems
 from beam_dp import batches
 
 
-def _pieces_by_file(shard, reader, plan, steps: int, steps_per_file: int):
-    """(file index, the shard's pieces of that file's steps): one element per (shard, file), not
-    per row or per step, so the shuffle moves a few large elements."""
-    by_file = collections.defaultdict(list)
+def _write_pieces(indexed_shard, reader, plan, steps: int, steps_per_file: int, location: str,
+                  dim: int):
+    """Reads a shard once and writes its pieces of each group's steps to one file; emits
+    (group, file name): one element per (shard, group), never a row or a step."""
+    index, shard = indexed_shard
+    by_group = collections.defaultdict(list)
     for block in reader(shard):
         for step, piece in plan.pieces(block, range(steps)):
-            by_file[step // steps_per_file].append(batches.as_piece(step, piece))
-    yield from by_file.items()
+            by_group[step // steps_per_file].append(batches.as_piece(step, piece))
+    attempt = uuid.uuid4().hex   # a retried bundle writes new files; its index names only these
+    for group, pieces in by_group.items():
+        name = batches.pieces_name(group, index, attempt)
+        with FileSystems.create(FileSystems.join(location, name),
+                                compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            batches.write_pieces(f, pieces, dim, batches.compression(location))
+        yield group, name
 
 
-def _write_file(keyed, location: str, dim: int):
-    index, groups = keyed
-    path = FileSystems.join(location, batches.file_name(index))
-    with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        batches.write_file(f, itertools.chain.from_iterable(groups), dim)
-    yield batches.file_name(index)
+def _write_index(keyed, location: str):
+    group, names = keyed
+    with FileSystems.create(FileSystems.join(location, batches.index_name(group)),
+                            compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        f.write(json.dumps(sorted(names)).encode())
+    yield batches.index_name(group)
 
 
 class WriteStepBatches(beam.PTransform):
-    """Shards in, the names of the batch files written under ``location`` out."""
+    """The batch job's body: pipeline begin in, the names of the groups' index files out."""
 
-    def __init__(self, reader, plan, steps: int, steps_per_file: int, location: str, dim: int):
+    def __init__(self, shards, reader, plan, steps: int, steps_per_file: int, location: str, dim: int):
         super().__init__()
+        self.shards = list(enumerate(shards))   # the index orders a group's pieces by shard
         self.reader, self.plan, self.steps = reader, plan, steps
         self.steps_per_file, self.location, self.dim = steps_per_file, location, dim
 
-    def expand(self, shards):
-        return (shards
-                | "AssignRowsToSteps" >> beam.FlatMap(_pieces_by_file, self.reader, self.plan,
-                                                      self.steps, self.steps_per_file)
-                | "GroupByFile" >> beam.GroupByKey()
-                | "WriteBatches" >> beam.FlatMap(_write_file, self.location, self.dim))
+    def expand(self, pbegin):
+        return (pbegin
+                | "Shards" >> beam.Create(self.shards)
+                | "Spread" >> beam.Reshuffle()
+                | "AssignRowsToSteps" >> beam.FlatMap(_write_pieces, self.reader, self.plan,
+                                                      self.steps, self.steps_per_file,
+                                                      self.location, self.dim)
+                | "GroupByStepGroup" >> beam.GroupByKey()
+                | "WriteIndex" >> beam.FlatMap(_write_index, self.location))
