@@ -13,12 +13,13 @@ parts of a step that play different roles, e.g. DP-AMBSSGD's statistics and grad
 
 Batch files (Beam runner) hold the raw rows of the input: they are written under the job's temp
 location, inside the same trust boundary as the input, deleted when training ends, and never
-named in any output. Steps are grouped (``steps_per_file`` consecutive steps, about FILE_BYTES of
-rows); per group, each shard's pieces are one Arrow IPC file (columnar, cheap to write and to
-read back, compressed with LZ4 on a remote temp location: ``compression``; one record batch per piece with columns ``features``, a
-fixed-size list of d float64, ``label``, ``step`` and ``tag``), and an index (JSON) names the
-group's piece files in shard order. The index is written from the job's shuffle, so it names
-only the pieces of committed work, never those of a failed and retried attempt.
+named in any output. Steps are grouped (``steps_per_file`` consecutive steps, about FILE_BYTES
+of rows); per group, each shard's pieces are one Arrow IPC file (columnar and cheap to write and
+read back; compressed with LZ4 on a remote temp location, see ``compression``), one record
+batch per piece with columns ``features`` (a fixed-size list of d float64), ``label``, ``step``
+and ``tag``; an index (JSON) names the group's piece files in shard order. The index is written
+from the job's shuffle, so it names only the pieces of committed work, never those of a failed
+and retried attempt.
 """
 from __future__ import annotations
 

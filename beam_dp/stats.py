@@ -3,11 +3,9 @@
 Each statistic is a *stage*: ``partial_sum(block, state)`` is the exact sum over one block (an
 array of the fixed ``shape``), ``apply(state, total)`` adds the noise and writes the release into
 the state (a dict of public values), and ``releases()`` names its DpEvents for the ledger. Stages
-run through the same Aggregator seam as training steps (in-process or as Beam CombineFns), so a
-statistic computed on either runner is identical for the same seed.
-
-``ArraySum`` is the Beam-free combiner (create / add / merge / extract) behind every stage, in the
-manner of tf.Transform's analyzers; ``beam_dp.beam.combiners.CombinerFn`` adapts it to Beam.
+run through the same Aggregator seam as training steps (in-process, or as one fused Beam stage
+each: ``beam_dp.beam.transforms.RunStages``), so a statistic computed on either runner is the
+same for the same seed (to float rounding: sums are added in another order).
 
 Why not pipeline-dp's MEAN / PERCENTILE / VECTOR_SUM: its noise comes from PyDP's C++ samplers,
 which cannot be seeded, so the same-seed-same-result contract between runners and the seeded
@@ -26,31 +24,6 @@ from dp_accounting import dp_event as events
 from dp_accounting import gaussian_mechanism
 
 from beam_dp import accounting, clipping, mechanisms
-
-
-class ArraySum:
-    """Sums arrays of a fixed shape; an empty input sums to zeros (so a step with an empty batch
-    still releases a noisy zero)."""
-
-    def __init__(self, shape):
-        self.shape = tuple(shape)
-
-    def create(self):
-        return np.zeros(self.shape)
-
-    def add(self, acc, value):
-        acc += value
-        return acc
-
-    def merge(self, accs):
-        accs = iter(accs)
-        total = next(accs).copy()
-        for acc in accs:
-            total += acc
-        return total
-
-    def extract(self, acc):
-        return acc
 
 
 # ----------------------------------------------------------------------------- mechanisms (numpy)

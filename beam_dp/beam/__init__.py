@@ -1,1 +1,1 @@
-"""Beam execution: PTransforms, CombineFns and the Beam aggregator."""
+"""Beam execution: the Beam aggregator, PTransforms over shards, the batch job, the worker cache."""

@@ -143,7 +143,7 @@ class BeamAggregator:
         self.temp_root = temp or tempfile.gettempdir()
         self._work_dir = work_dir
         self.jobs: list[dict] = []
-        self._steps_per_job: dict[int, int] = {}
+        self._steps_per_job: dict[int, tuple] = {}
         self.make_runner = make_runner
 
     # ------------------------------------------------------------------ building and running jobs
@@ -157,9 +157,9 @@ class BeamAggregator:
             os.makedirs(self._work_dir, exist_ok=True)
         return self._work_dir
 
-    def _pipeline(self, options: PipelineOptions | None = None) -> beam.Pipeline:
+    def _pipeline(self) -> beam.Pipeline:
         runner = self.make_runner() if self.make_runner is not None else None
-        return beam.Pipeline(runner=runner, options=options or self.options)
+        return beam.Pipeline(runner=runner, options=self.options)
 
     def _path(self, name: str) -> str:
         return FileSystems.join(self.work_dir, f"{name}-{uuid.uuid4().hex}.pkl")
@@ -173,9 +173,8 @@ class BeamAggregator:
            | "Save" >> beam.Map(_write_pickle, path))
         return p
 
-    def stages_pipeline(self, stages: Sequence[Stage], state, path: str,
-                        options: PipelineOptions | None = None) -> beam.Pipeline:
-        p = self._pipeline(options)
+    def stages_pipeline(self, stages: Sequence[Stage], state, path: str) -> beam.Pipeline:
+        p = self._pipeline()
         (p | "ReadShards" >> ReadShards(self.shards)
            | "Stages" >> RunStages(stages, state, self.reader, self.cache)
            | "SaveState" >> beam.Map(_write_pickle, path))
@@ -217,13 +216,14 @@ class BeamAggregator:
     def steps_per_job(self, stage: Stage, remaining: int, state=None) -> int:
         """As many copies of ``stage`` as keep the job's pipeline within JOB_GRAPH_BUDGET (from
         the serialized size of a 1- and a 2-step pipeline), at most MAX_STEPS_PER_JOB."""
-        if id(stage) not in self._steps_per_job:
+        known = self._steps_per_job.get(id(stage))
+        if known is None or known[0] is not stage:   # (the stage is kept: its id stays its own)
             one, two = (self.graph_bytes(self.stages_pipeline([stage] * k, state, "unused"))
                         for k in (1, 2))
             per_step = max(1, two - one)
             fits = (JOB_GRAPH_BUDGET - (one - per_step)) // per_step
-            self._steps_per_job[id(stage)] = int(max(1, min(MAX_STEPS_PER_JOB, fits)))
-        return min(self._steps_per_job[id(stage)], max(1, remaining))
+            known = self._steps_per_job[id(stage)] = (stage, int(max(1, min(MAX_STEPS_PER_JOB, fits))))
+        return min(known[1], max(1, remaining))
 
     @staticmethod
     def graph_bytes(pipeline: beam.Pipeline) -> int:
