@@ -572,6 +572,13 @@ PLD_FALLBACK_NOTE = (
     "valid upper bound, looser than PLD's.")
 
 
+def clear_caches() -> None:
+    """Forgets every memoized epsilon, calibration and RDP step: the next run in this process is
+    accounted as in a fresh one (pipelines/benchmark.py compares runs this way)."""
+    _EPSILON_CACHE.clear()
+    _RDP_STEPS.clear()
+
+
 def make_accountant(kind: str = "pld", neighbouring: str = ADD_REMOVE) -> dp_accounting.PrivacyAccountant:
     """A fresh accountant. The PLD one chooses its discretization per composed event and
     memoizes its answers (see the module docstring)."""

@@ -63,6 +63,20 @@ class PoissonPlan:
                 yield step, block.take(rows)
 
 
+def plan_key(plan) -> str:
+    """A description of a batch plan without its seed, for telling whether batch files were made
+    for this run's plan: a run resumed without ``--seed`` draws a new seed for its noise, and
+    still reuses the batches its first attempt made (they are Poisson samples of the same rate
+    either way; resampling them is what the resume must not do)."""
+    def strip(value):
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return (type(value).__name__, tuple((f.name, None if f.name == "seed" else
+                                                 strip(getattr(value, f.name)))
+                                                for f in dataclasses.fields(value)))
+        return value
+    return repr(strip(plan))
+
+
 def assemble(pieces: Iterable[Block]) -> list[Block]:
     """A step's batch from its pieces: one Block per tag, in tag order; within a tag the pieces
     in (file, first row) order."""

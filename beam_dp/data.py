@@ -344,7 +344,8 @@ class Shard:
 
     @property
     def name(self) -> str:
-        """Names the shard in a cache: its rows and the file's identity when planned."""
+        """Names the shard in a cache (one per run: the input is not expected to change
+        during a run)."""
         return f"{self.path}\0{self.row_groups}\0{self.row_start}"
 
 

@@ -122,6 +122,8 @@ def run_chunks(aggregator: Aggregator, step_fn: Stage, state: TrainState, total_
             state = aggregator.run_stages([step_fn] * k, state)
             after_chunk(state, k)
         return state
+    if state.step >= total_steps:   # a finished run resumed: its batches are gone, none needed
+        return state
     chunk = steps_per_job or max(25, math.ceil(total_steps / 20))
     resume = plan.get("batch_files") if plan is not None else None
     with aggregator.step_batches(batch_plan, total_steps, resume, keep_batches) as batches:

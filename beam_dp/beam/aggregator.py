@@ -183,8 +183,8 @@ class BeamAggregator:
     def batches_pipeline(self, plan, steps: int, location: str) -> beam.Pipeline:
         p = self._pipeline()
         per_file = batches.steps_per_file(plan.expected_rows, self.dim)
-        p | "StepBatches" >> WriteStepBatches(self.shards, self.reader, plan, steps, per_file,
-                                              location, self.dim)
+        p | "StepBatches" >> WriteStepBatches(self.shards, self.reader, self.cache, plan, steps,
+                                              per_file, location, self.dim)
         return p
 
     def _run(self, kind: str, pipeline: beam.Pipeline, steps: int = 0) -> None:
@@ -233,7 +233,7 @@ class BeamAggregator:
                      keep: bool = False) -> BatchFiles:
         """Every step's batch, written by one job under the temp location (``resume``: where an
         earlier attempt of this run wrote them; reused if complete and made by the same plan)."""
-        fingerprint = hashlib.blake2b(repr((plan, steps, self.shards)).encode(),
+        fingerprint = hashlib.blake2b(repr((batches.plan_key(plan), steps, self.shards)).encode(),
                                       digest_size=16).hexdigest()
         if resume:
             manifest = self._manifest(resume)
@@ -242,7 +242,7 @@ class BeamAggregator:
             _delete_tree(resume)   # incomplete, or another plan's: made anew
         location = FileSystems.join(self.temp_root, f"beam-dp-batches-{uuid.uuid4().hex}")
         try:
-            self._run("batches", self.batches_pipeline(plan, steps, location))
+            self._run("batches", self.batches_pipeline(plan, steps, location), steps=steps)
             names = sorted(os.path.basename(m.path) for r in FileSystems.match(
                 [FileSystems.join(location, batches.INDEX_PATTERN)])
                 for m in r.metadata_list)

@@ -21,24 +21,36 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from beam_dp import batches
+from beam_dp.beam.cache import ShardCache
 
 
-def _write_pieces(indexed_shard, reader, plan, steps: int, steps_per_file: int, location: str,
-                  dim: int):
-    """Reads a shard once and writes its pieces of each group's steps to one file; emits
-    (group, file name): one element per (shard, group), never a row or a step."""
-    index, shard = indexed_shard
-    by_group = collections.defaultdict(list)
-    for block in reader(shard):
-        for step, piece in plan.pieces(block, range(steps)):
-            by_group[step // steps_per_file].append(batches.as_piece(step, piece))
-    attempt = uuid.uuid4().hex   # a retried bundle writes new files; its index names only these
-    for group, pieces in by_group.items():
-        name = batches.pieces_name(group, index, attempt)
-        with FileSystems.create(FileSystems.join(location, name),
-                                compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            batches.write_pieces(f, pieces, dim, batches.compression(location))
-        yield group, name
+class _WritePieces(beam.DoFn):
+    """Reads a shard once (from the worker's cache if an earlier job of the run left it there,
+    e.g. DPSGD-F's preprocessing; without filling it) and writes its pieces of each group's
+    steps to one file; emits (group, file name): one element per (shard, group), never a row or
+    a step."""
+
+    def __init__(self, reader, cache, plan, steps: int, steps_per_file: int, location: str,
+                 dim: int):
+        self.reader, self.cache_handle, self.plan = reader, cache, plan
+        self.steps, self.steps_per_file, self.location, self.dim = steps, steps_per_file, location, dim
+
+    def setup(self):
+        self.cache = self.cache_handle.acquire(ShardCache)
+
+    def process(self, indexed_shard):
+        index, shard = indexed_shard
+        by_group = collections.defaultdict(list)
+        for block in self.cache.blocks(shard, self.reader, keep=False):
+            for step, piece in self.plan.pieces(block, range(self.steps)):
+                by_group[step // self.steps_per_file].append(batches.as_piece(step, piece))
+        attempt = uuid.uuid4().hex   # a retried bundle writes new files; its index names only these
+        for group, pieces in by_group.items():
+            name = batches.pieces_name(group, index, attempt)
+            with FileSystems.create(FileSystems.join(self.location, name),
+                                    compression_type=CompressionTypes.UNCOMPRESSED) as f:
+                batches.write_pieces(f, pieces, self.dim, batches.compression(self.location))
+            yield group, name
 
 
 def _write_index(keyed, location: str):
@@ -52,18 +64,19 @@ def _write_index(keyed, location: str):
 class WriteStepBatches(beam.PTransform):
     """The batch job's body: pipeline begin in, the names of the groups' index files out."""
 
-    def __init__(self, shards, reader, plan, steps: int, steps_per_file: int, location: str, dim: int):
+    def __init__(self, shards, reader, cache, plan, steps: int, steps_per_file: int,
+                 location: str, dim: int):
         super().__init__()
         self.shards = list(enumerate(shards))   # the index orders a group's pieces by shard
-        self.reader, self.plan, self.steps = reader, plan, steps
+        self.reader, self.cache, self.plan, self.steps = reader, cache, plan, steps
         self.steps_per_file, self.location, self.dim = steps_per_file, location, dim
 
     def expand(self, pbegin):
         return (pbegin
                 | "Shards" >> beam.Create(self.shards)
                 | "Spread" >> beam.Reshuffle()
-                | "AssignRowsToSteps" >> beam.FlatMap(_write_pieces, self.reader, self.plan,
-                                                      self.steps, self.steps_per_file,
-                                                      self.location, self.dim)
+                | "AssignRowsToSteps" >> beam.ParDo(_WritePieces(
+                    self.reader, self.cache, self.plan, self.steps, self.steps_per_file,
+                    self.location, self.dim))
                 | "GroupByStepGroup" >> beam.GroupByKey()
                 | "WriteIndex" >> beam.FlatMap(_write_index, self.location))

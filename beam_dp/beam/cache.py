@@ -37,13 +37,19 @@ class ShardCache:
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def blocks(self, shard: Shard, read: Callable[[Shard], list[Block]]) -> list[Block]:
+    def blocks(self, shard: Shard, read: Callable[[Shard], list[Block]],
+               keep: bool = True) -> list[Block]:
+        """The shard's blocks, read on a miss and kept unless ``keep`` is false (a job that
+        reads each shard once, e.g. the batch job, uses what an earlier job of the run cached
+        without filling the cache)."""
         with self._lock:
             hit = self._shards.get(shard.name)
             if hit is not None:
                 self._shards.move_to_end(shard.name)
                 return hit
         blocks = list(read(shard))   # outside the lock: other shards are read meanwhile
+        if not keep:
+            return blocks
         with self._lock:
             if shard.name not in self._shards:
                 self._shards[shard.name] = blocks

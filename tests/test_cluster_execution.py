@@ -1,0 +1,626 @@
+"""Cluster-scale Beam execution (issue 10): how many jobs a run makes, that each job reads its
+input once, batches fixed in advance written by one job and reused by a resumed run, the
+worker-side shard cache, and Parquet cut into shards at row-group boundaries.
+
+Beam runs pin ``--runner FnApiRunner`` (Beam's in-process runner: its workers are threads of
+this process, so a file opener patched here is the one the workers call). The input files have
+several row groups, so that a file is cut into several shards. The slow tests run the portable
+runner with SDK worker processes started by a worker pool (``test_multiprocess.worker_pool``).
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
+import pytest
+from conftest import model_theta, read_json
+from test_multiprocess import worker_pool  # noqa: F401  (a fixture)
+
+from beam_dp import batches, data, losses, synthetic
+from beam_dp.algorithms import dpsgd_f, registry
+from beam_dp.beam.cache import ShardCache
+
+BEAM = ["--runner", "FnApiRunner"]
+LOCAL = ["--runner", "local"]
+N, D = 2400, 5
+ROW_GROUP = 300
+BATCH_ROWS = 150   # shards of >= 4 x 150 rows: 2 row groups (600 rows) each, 2 per file
+LOGISTIC = losses.make_loss("logistic")
+
+
+def _write_parquet(path, x, y, row_group_size=ROW_GROUP):
+    columns = {f"f{j}": x[:, j] for j in range(x.shape[1])}
+    columns["label"] = y
+    pq.write_table(pa.table(columns), path, row_group_size=row_group_size)
+    return str(path)
+
+
+def _write_dataset(directory, task, seed, fmt="parquet"):
+    directory.mkdir(parents=True, exist_ok=True)
+    x, y = synthetic.make_dataset(task, N, D, seed=seed)
+    files = []
+    for i, rows in enumerate(np.array_split(np.arange(N), 2)):
+        path = directory / f"train-{i}.{fmt}"
+        if fmt == "parquet":
+            files.append(_write_parquet(path, x[rows], y[rows]))
+        else:
+            columns = {f"f{j}": x[rows, j] for j in range(D)}
+            columns["label"] = y[rows]
+            pa_csv.write_csv(pa.table(columns), str(path))
+            files.append(str(path))
+    return {"glob": str(directory / f"train-*.{fmt}"), "files": files, "x": x, "y": y}
+
+
+@pytest.fixture(scope="module")
+def binary(tmp_path_factory):
+    return _write_dataset(tmp_path_factory.mktemp("cluster") / "binary", "binary", 41)
+
+
+@pytest.fixture(scope="module")
+def binary_csv(tmp_path_factory):
+    return _write_dataset(tmp_path_factory.mktemp("cluster") / "binary-csv", "binary", 41, "csv")
+
+
+@pytest.fixture(scope="module")
+def regression(tmp_path_factory):
+    return _write_dataset(tmp_path_factory.mktemp("cluster") / "regression", "regression", 43)
+
+
+@pytest.fixture
+def beam_jobs(monkeypatch):
+    """Every Beam job the code under test runs: the aggregator's own record of it (kind, steps,
+    file_opens from the Beam counter) plus ``opened``, the input files the job's workers opened,
+    counted by path through a wrapped ``open_file`` (the driver's Parquet footer reads are not
+    counted: they are made outside any job)."""
+    from beam_dp.beam import aggregator as aggregator_mod
+    from beam_dp.beam import transforms
+
+    recorded: list[dict] = []
+    opened: collections.Counter = collections.Counter()
+    real_open, real_run = transforms.open_file, aggregator_mod.BeamAggregator._run
+
+    def counting_open(path):
+        opened[path] += 1
+        return real_open(path)
+
+    def spied_run(self, kind, pipeline, steps=0):
+        before = opened.copy()
+        real_run(self, kind, pipeline, steps)
+        recorded.append(dict(self.jobs[-1], opened=dict(opened - before),
+                             shards=len(self.shards)))
+
+    monkeypatch.setattr(transforms, "open_file", counting_open)
+    monkeypatch.setattr(aggregator_mod.BeamAggregator, "_run", spied_run)
+    return recorded
+
+
+def _kinds(jobs):
+    return [(j["kind"], j["steps"]) for j in jobs]
+
+
+def _leftovers(root) -> list[str]:
+    return sorted(n for n in os.listdir(root) if n.startswith("beam-dp")) if os.path.exists(root) else []
+
+
+# ===================================================== 1. the same model on local and Beam runners
+
+# Every registered algorithm (dpsgd-f with each variant) with what a user gets by default: n from
+# the private count, the noise calibrated to --epsilon; only sizes and steps are small.
+# (Existing tests compare the runners at a given --noise-multiplier, to 1e-6.)
+EQUIVALENCE = {
+    "dpgd": ("binary", ["--algorithm", "dpgd", "--steps", 6]),
+    "dpsgd": ("binary", ["--algorithm", "dpsgd", "--steps", 9, "--batch-size", 200]),
+    "ssp": ("regression", ["--algorithm", "ssp", "--model", "linear"]),
+    "dp-ambssgd": ("regression", ["--algorithm", "dp-ambssgd", "--model", "linear",
+                                  "--blocks", 6]),
+    "dpsgd-f-practical": ("binary", ["--algorithm", "dpsgd-f", "--variant", "practical",
+                                     "--steps", 6, "--batch-size", 200]),
+    "dpsgd-f-theory": ("binary", ["--algorithm", "dpsgd-f", "--variant", "theory",
+                                  "--steps", 6, "--batch-size", 200]),
+}
+
+
+def test_equivalence_covers_every_registered_algorithm_and_variant():
+    names = {key.split("-practical")[0].split("-theory")[0] for key in EQUIVALENCE}
+    assert names == set(registry.algorithms())
+    assert {key for key in EQUIVALENCE if key.startswith("dpsgd-f-")} == {
+        f"dpsgd-f-{v}" for v in dpsgd_f.VARIANTS}
+
+
+@pytest.mark.parametrize("name", list(EQUIVALENCE))
+def test_same_seed_same_model_on_local_and_beam(tmp_path, cli, request, beam_jobs, name):
+    dataset, extra = EQUIVALENCE[name]
+    source = request.getfixturevalue(dataset)
+    common = ["train", "--input", source["glob"], "--epsilon", 2.0, "--seed", 20261123,
+              "--batch-rows", BATCH_ROWS, *extra]
+    r = cli(*common, "--output", tmp_path / "local", *LOCAL)
+    assert r.code == 0, r
+    assert beam_jobs == []
+    r = cli(*common, "--output", tmp_path / "beam", *BEAM)
+    assert r.code == 0, r
+    # Parquet: n from the footers (no count job); batches fixed in advance: one batch job.
+    kinds = [j["kind"] for j in beam_jobs]
+    if name in ("dpgd", "ssp"):
+        assert kinds and set(kinds) == {"stages"}, kinds
+    else:
+        assert kinds.count("batches") == 1 and kinds[-1] == "batches" and "count" not in kinds, kinds
+
+    local, beam = model_theta(tmp_path / "local"), model_theta(tmp_path / "beam")
+    assert np.linalg.norm(local) > 0
+    np.testing.assert_allclose(beam, local, rtol=1e-9, atol=1e-12 * np.abs(local).max())
+    reports = [read_json(tmp_path / r / "privacy_report.json") for r in ("local", "beam")]
+    assert reports[0]["dataset_size"]["source"].startswith("private")
+    assert reports[0]["epsilon"] <= 2.0
+    for key in ["epsilon", "dataset_size", "noise_multiplier", "steps", "mechanisms"]:
+        assert reports[0][key] == reports[1][key], key
+
+
+# The portable runner: the bundles run in SDK worker processes that a worker pool starts.
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["dp-ambssgd", "dpsgd-f-practical", "dpsgd-f-theory"])
+def test_same_model_on_external_worker_processes(tmp_path, request, worker_pool, beam_jobs, name):
+    from test_multiprocess import _run_with_timeout
+
+    address, pool_log = worker_pool
+    dataset, extra = EQUIVALENCE[name]
+    source = request.getfixturevalue(dataset)
+    common = [str(a) for a in ["train", "--input", source["glob"], "--epsilon", 2.0, "--seed", 7,
+                               "--batch-rows", BATCH_ROWS, *extra]]
+    assert _run_with_timeout(common + ["--output", str(tmp_path / "local"), *LOCAL]) == 0
+    assert _run_with_timeout(common + [
+        "--output", str(tmp_path / "portable"), "--runner", "PortableRunner",
+        "--job_endpoint", "embed", "--environment_type", "EXTERNAL",
+        "--environment_config", address]) == 0
+    # One worker process per job, started by the pool (not this process).
+    log = pool_log.read_text(errors="replace")
+    assert beam_jobs and log.count("Starting worker with command") == len(beam_jobs), (
+        _kinds(beam_jobs), log)
+    assert beam_jobs[-1]["kind"] == "batches"
+    local, portable = model_theta(tmp_path / "local"), model_theta(tmp_path / "portable")
+    assert np.linalg.norm(local) > 0
+    np.testing.assert_allclose(portable, local, rtol=1e-9, atol=1e-12 * np.abs(local).max())
+
+
+# ============================================================================ 2. jobs per run
+
+
+def _train(cli, source, out, *extra):
+    r = cli("train", "--input", source["glob"], "--output", out, "--batch-rows", BATCH_ROWS,
+            "--seed", 3, *BEAM, *extra)
+    assert r.code == 0, r
+    return r
+
+
+def _check_reads(jobs, files, shards_per_file):
+    """Every job read each shard once: the Beam counter says so, and so do the file opens."""
+    for job in jobs:
+        assert job["file_opens"] == job["shards"] == len(files) * shards_per_file, job
+        assert job["opened"] == {f: shards_per_file for f in files}, job
+
+
+@pytest.mark.parametrize("steps", [3, 40])
+@pytest.mark.parametrize("count", ["public", "private"])
+def test_dpsgd_on_parquet_is_one_batch_job_whatever_the_steps(tmp_path, cli, binary, beam_jobs,
+                                                              steps, count):
+    extra = ["--num-examples", N] if count == "public" else []
+    _train(cli, binary, tmp_path / "out", "--algorithm", "dpsgd", "--noise-multiplier", 1.0,
+           "--steps", steps, "--batch-size", 100, *extra)
+    # The count of a Parquet input comes from its footers: no job.
+    assert _kinds(beam_jobs) == [("batches", steps)]
+    _check_reads(beam_jobs, binary["files"], 2)
+    report = read_json(tmp_path / "out" / "privacy_report.json")
+    assert report["steps"] == steps
+    assert report["dataset_size"]["source"].startswith("public" if count == "public" else "private")
+
+
+def test_dpsgd_on_csv_with_a_private_count_is_a_count_job_and_a_batch_job(tmp_path, cli,
+                                                                            binary_csv, beam_jobs):
+    _train(cli, binary_csv, tmp_path / "out", "--algorithm", "dpsgd", "--noise-multiplier", 1.0,
+           "--steps", 12, "--batch-size", 100)
+    assert _kinds(beam_jobs) == [("count", 0), ("batches", 12)]
+    _check_reads(beam_jobs, binary_csv["files"], 1)   # a CSV file is one shard
+
+
+@pytest.mark.parametrize("steps_per_job, expected", [(None, [30]), (10, [10, 10, 10]),
+                                                     (12, [12, 12, 6])])
+def test_dpgd_steps_unrolled_into_jobs(tmp_path, cli, binary, beam_jobs, steps_per_job, expected):
+    extra = [] if steps_per_job is None else ["--steps-per-job", steps_per_job]
+    _train(cli, binary, tmp_path / "out", "--algorithm", "dpgd", "--noise-multiplier", 1.0,
+           "--steps", 30, *extra)
+    assert _kinds(beam_jobs) == [("stages", k) for k in expected]
+    # The first job reads each shard once (its 30 or 10 steps reuse the worker's cache, or it
+    # would be 30 or 10 opens a shard). On the in-process runner the workers are this process,
+    # and later jobs of the run find every shard in the same cache: they open nothing.
+    _check_reads(beam_jobs[:1], binary["files"], 2)
+    for job in beam_jobs[1:]:
+        assert job["file_opens"] == 0 and job["opened"] == {}, job
+
+
+def test_the_shard_cache_is_freed_when_the_run_ends(tmp_path, cli, binary, beam_jobs):
+    """A second run in the same process reads its input again (a new cache, the old one
+    cleared), rather than finding the first run's blocks."""
+    for out in ("a", "b"):
+        _train(cli, binary, tmp_path / out, "--algorithm", "dpgd", "--noise-multiplier", 1.0,
+               "--steps", 2)
+    assert _kinds(beam_jobs) == [("stages", 2), ("stages", 2)]
+    _check_reads(beam_jobs, binary["files"], 2)
+
+
+# ============================================================= 3. batch files: kept, reused, deleted
+
+
+RESUMABLE = {"dpsgd": ["--algorithm", "dpsgd"],
+             # private preprocessing (stage jobs) before the batch job; a resume redoes neither
+             "dpsgd-f-theory": ["--algorithm", "dpsgd-f", "--variant", "theory"]}
+
+
+def _dpsgd_args(source, out, temp, *extra, algorithm="dpsgd"):
+    return ["train", "--input", source["glob"], "--output", out, "--batch-rows", BATCH_ROWS,
+            *RESUMABLE[algorithm], "--epsilon", 2.0, "--steps", 10, "--steps-per-job", 3,
+            "--batch-size", 150, "--seed", 99, *BEAM, "--temp_location", temp, *extra]
+
+
+REAL_GET = batches.FileBatches.get
+
+
+def _interrupt_at(monkeypatch, step, error=KeyboardInterrupt):
+    """Makes the driver's batch reader raise ``error`` when step ``step`` asks for its batch."""
+    real_get = REAL_GET
+    asked = []
+
+    def get(self, t):
+        asked.append(t)
+        if t == step:
+            raise error("stopped by the test")
+        return real_get(self, t)
+
+    monkeypatch.setattr(batches.FileBatches, "get", get)
+    return asked
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, binary):
+    """The model of an uninterrupted, checkpoint-free run (same seed) of each RESUMABLE
+    algorithm. Module-scoped, so made before (and not seen by) a test's ``beam_jobs`` spy."""
+    from beam_dp.cli import main
+
+    models = {}
+    for algorithm in RESUMABLE:
+        root = tmp_path_factory.mktemp("uninterrupted")
+        assert main([str(a) for a in _dpsgd_args(binary, root / "out", root / "temp",
+                                                  algorithm=algorithm)]) == 0
+        models[algorithm] = model_theta(root / "out")
+    return models
+
+
+def _batch_dirs(temp):
+    return [n for n in _leftovers(temp) if n.startswith("beam-dp-batches-")]
+
+
+@pytest.mark.parametrize("algorithm", list(RESUMABLE))
+def test_an_interrupted_checkpointed_run_resumes_with_its_batches(tmp_path, cli, binary,
+                                                                  beam_jobs, monkeypatch,
+                                                                  uninterrupted, algorithm):
+    temp, checkpoint = tmp_path / "temp", tmp_path / "ckpt"
+    args = _dpsgd_args(binary, tmp_path / "out", temp, "--checkpoint-dir", checkpoint,
+                       algorithm=algorithm)
+    asked = _interrupt_at(monkeypatch, 7)   # chunks of 3: checkpoints at steps 0, 3, 6
+    r = cli(*args)
+    assert r.code == 130, r
+    assert "resume" in r.err
+    assert asked == list(range(8))
+    kinds = [j["kind"] for j in beam_jobs]
+    assert kinds.count("batches") == 1 and kinds[-1] == "batches", kinds
+    assert kinds == (["batches"] if algorithm == "dpsgd" else ["stages", "stages", "batches"])
+    assert not (tmp_path / "out").exists()
+    (kept,) = _batch_dirs(temp)
+    assert os.path.exists(temp / kept / batches.DONE)
+    with np.load(checkpoint / "state.npz") as z:
+        assert int(z["step"]) == 6
+        assert json.loads(str(z["plan"]))["batch_files"] == str(temp / kept)
+
+    jobs_before = len(beam_jobs)
+    asked = _interrupt_at(monkeypatch, -1)   # never raises: records the steps asked for
+    r = cli(*args)
+    assert r.code == 0, r
+    assert len(beam_jobs) == jobs_before, _kinds(beam_jobs)   # no job: the batches are reused
+    assert asked == list(range(6, 10))   # from the checkpoint on
+    np.testing.assert_allclose(model_theta(tmp_path / "out"), uninterrupted[algorithm],
+                               rtol=1e-12, atol=0)
+    assert _leftovers(temp) == []
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, RuntimeError])
+def test_without_a_checkpoint_a_failed_run_deletes_its_batches(tmp_path, cli, binary, beam_jobs,
+                                                               monkeypatch, error):
+    temp = tmp_path / "temp"
+    _interrupt_at(monkeypatch, 4, error)
+    if error is KeyboardInterrupt:
+        assert cli(*_dpsgd_args(binary, tmp_path / "out", temp)).code == 130
+    else:
+        with pytest.raises(RuntimeError, match="stopped by the test"):
+            cli(*_dpsgd_args(binary, tmp_path / "out", temp))
+    assert _kinds(beam_jobs) == [("batches", 10)]
+    assert os.listdir(temp) == []   # nothing left under the temp location
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("dataset", ["binary", "binary_csv"])   # CSV: a count job, a work dir
+def test_a_successful_run_leaves_nothing_under_the_temp_location(tmp_path, cli, request, beam_jobs,
+                                                                 monkeypatch, dataset):
+    binary = request.getfixturevalue(dataset)
+    temp = tmp_path / "temp"
+    locations = []
+    real_get = REAL_GET
+
+    def get(self, t):
+        locations.append(self.location)
+        assert os.path.isdir(self.location)   # the files exist while the steps run
+        return real_get(self, t)
+
+    monkeypatch.setattr(batches.FileBatches, "get", get)
+    assert cli(*_dpsgd_args(binary, tmp_path / "out", temp, "--checkpoint-dir",
+                            tmp_path / "ckpt")).code == 0
+    assert _kinds(beam_jobs) == ([("count", 0)] if dataset == "binary_csv" else []) + [("batches", 10)]
+    assert len(set(locations)) == 1 and locations[0].startswith(str(temp) + os.sep)
+    assert os.path.basename(locations[0]).startswith("beam-dp-batches-")
+    assert os.listdir(temp) == []
+
+
+def test_a_resume_without_the_seed_reuses_the_batches(tmp_path, cli, binary, beam_jobs, monkeypatch):
+    """A run resumed without --seed draws a new seed for its noise but reuses (does not
+    resample) the batches its first attempt made: the fingerprint leaves the seed out."""
+    temp, checkpoint = tmp_path / "temp", tmp_path / "ckpt"
+    args = _dpsgd_args(binary, tmp_path / "out", temp, "--checkpoint-dir", checkpoint)
+    _interrupt_at(monkeypatch, 5)
+    assert cli(*args).code == 130
+    jobs_before = len(beam_jobs)
+    asked = _interrupt_at(monkeypatch, -1)
+    seedless = [a for i, a in enumerate(args) if a != "--seed" and (i == 0 or args[i - 1] != "--seed")]
+    r = cli(*seedless)
+    assert r.code == 0, r
+    assert len(beam_jobs) == jobs_before, _kinds(beam_jobs)
+    assert asked == list(range(3, 10))
+    assert _leftovers(temp) == []
+
+
+def test_rerunning_a_finished_checkpointed_run_makes_no_job(tmp_path, cli, binary, beam_jobs):
+    """Its batches were deleted when it ended; no step is left, so none are made again (a
+    whole read of the input, for nothing)."""
+    temp, checkpoint = tmp_path / "temp", tmp_path / "ckpt"
+    args = _dpsgd_args(binary, tmp_path / "out", temp, "--checkpoint-dir", checkpoint,
+                       "--overwrite")
+    assert cli(*args).code == 0
+    assert _kinds(beam_jobs) == [("batches", 10)]
+    first = model_theta(tmp_path / "out")
+    assert cli(*args).code == 0
+    assert _kinds(beam_jobs) == [("batches", 10)]
+    np.testing.assert_array_equal(model_theta(tmp_path / "out"), first)
+    assert _leftovers(temp) == []
+
+
+@pytest.mark.parametrize("damage", ["deleted", "other-plan"])
+def test_a_resume_without_its_batches_makes_them_again(tmp_path, cli, binary, beam_jobs,
+                                                       monkeypatch, uninterrupted, damage):
+    temp, checkpoint = tmp_path / "temp", tmp_path / "ckpt"
+    args = _dpsgd_args(binary, tmp_path / "out", temp, "--checkpoint-dir", checkpoint)
+    real_get = REAL_GET
+    _interrupt_at(monkeypatch, 5)
+    assert cli(*args).code == 130
+    (kept,) = _batch_dirs(temp)
+    if damage == "deleted":
+        for name in os.listdir(temp / kept):
+            os.remove(temp / kept / name)
+        os.rmdir(temp / kept)
+    else:   # a finished batch job's files, but for another plan
+        manifest = batches.Manifest.loads((temp / kept / batches.DONE).read_text())
+        manifest.fingerprint = "0" * 32
+        (temp / kept / batches.DONE).write_text(manifest.dumps())
+
+    monkeypatch.setattr(batches.FileBatches, "get", real_get)
+    r = cli(*args)
+    assert r.code == 0, r
+    assert _kinds(beam_jobs) == [("batches", 10), ("batches", 10)]   # made again
+    np.testing.assert_allclose(model_theta(tmp_path / "out"), uninterrupted["dpsgd"],
+                               rtol=1e-12, atol=0)
+    assert _leftovers(temp) == []   # the stale directory as well as the new one
+
+
+# ======================================================== 4. batch files never appear in outputs
+
+
+def test_outputs_never_name_the_batch_files(tmp_path, cli, binary, monkeypatch, capsys):
+    temp, checkpoint = tmp_path / "temp", tmp_path / "ckpt"
+    args = _dpsgd_args(binary, tmp_path / "out", temp, "--checkpoint-dir", checkpoint)
+    locations = set()
+    real_get = REAL_GET
+
+    def get(self, t):
+        locations.add(self.location)
+        if t == 4 and len(locations) == 1 and not getattr(get, "raised", False):
+            get.raised = True
+            raise KeyboardInterrupt
+        return real_get(self, t)
+
+    monkeypatch.setattr(batches.FileBatches, "get", get)
+    assert cli(*args).code == 130
+    r = cli(*args)   # resumed: its plan names the batch directory
+    assert r.code == 0, r
+    (location,) = locations
+    assert "beam-dp-batches-" in location
+    written = {}
+    for name in os.listdir(tmp_path / "out"):
+        written[name] = (tmp_path / "out" / name).read_text()
+    assert {"model.json", "privacy_report.json"} <= set(written)
+    for name, text in list(written.items()) + [("stdout", r.out), ("stderr", r.err)]:
+        assert "beam-dp-batches" not in text, name
+        assert os.path.basename(location) not in text, name
+        assert str(temp) not in text, name
+
+
+# ================================================================ 6. the worker-side shard cache
+
+
+def _shard(i: int) -> data.Shard:
+    return data.Shard(f"/data/part-{i}.parquet", (i,), 100 * i, 100)
+
+
+def _shard_blocks(shard: data.Shard, rows: int = 100) -> list[data.Block]:
+    x = np.full((rows, 3), float(shard.row_start))
+    return [data.Block(x, np.zeros(rows), shard.path, shard.row_start)]
+
+
+SHARD_BYTES = 100 * 3 * 8 + 100 * 8 + 100 * 8   # features, labels, squared norms
+
+
+class _Reads:
+    def __init__(self):
+        self.count = collections.Counter()
+
+    def __call__(self, shard):
+        self.count[shard.path] += 1
+        return _shard_blocks(shard)
+
+
+def test_shard_cache_hit_does_not_read_again():
+    cache, read = ShardCache(budget=10 * SHARD_BYTES), _Reads()
+    first = cache.blocks(_shard(0), read)
+    again = cache.blocks(_shard(0), read)
+    assert again is first
+    assert read.count == {"/data/part-0.parquet": 1}
+    # Another shard of the same file (another row group) is another entry.
+    cache.blocks(data.Shard("/data/part-0.parquet", (5,), 500, 100), read)
+    assert read.count == {"/data/part-0.parquet": 2}
+
+
+def test_shard_cache_evicts_the_least_recently_used_beyond_its_budget():
+    cache, read = ShardCache(budget=2 * SHARD_BYTES), _Reads()
+    a, b, c = (_shard(i) for i in range(3))
+    cache.blocks(a, read)
+    cache.blocks(b, read)
+    cache.blocks(a, read)          # a is now the most recently used
+    cache.blocks(c, read)          # over budget: b goes
+    assert sum(read.count.values()) == 3
+    cache.blocks(a, read)
+    cache.blocks(c, read)
+    assert sum(read.count.values()) == 3   # both still there
+    cache.blocks(b, read)          # b was evicted: read again (and a, the LRU one, goes)
+    assert read.count[b.path] == 2
+    cache.blocks(c, read)
+    assert read.count[c.path] == 1
+    cache.blocks(a, read)
+    assert read.count[a.path] == 2
+    # A shard larger than the whole budget is still kept (alone) rather than re-read each time.
+    big = data.Shard("/data/big.parquet", (0,), 0, 1000)
+    small = ShardCache(budget=SHARD_BYTES // 2)
+    small.blocks(big, read)
+    small.blocks(big, read)
+    assert read.count[big.path] == 1
+
+
+def test_shard_cache_clear_forgets_everything():
+    cache, read = ShardCache(budget=10 * SHARD_BYTES), _Reads()
+    for i in range(3):
+        cache.blocks(_shard(i), read)
+    cache.clear()
+    for i in range(3):
+        cache.blocks(_shard(i), read)
+    assert read.count == {f"/data/part-{i}.parquet": 2 for i in range(3)}
+
+
+# ============================================================= 7. Parquet shards at row groups
+
+
+def test_parquet_is_cut_into_shards_at_row_group_boundaries(tmp_path):
+    x, y = synthetic.make_dataset("binary", 1030, 3, seed=5)
+    path = _write_parquet(tmp_path / "one.parquet", x, y, row_group_size=100)
+    assert pq.ParquetFile(path).metadata.num_row_groups == 11   # 10 x 100 and 30
+    # Shards hold at least SHARD_BLOCKS x batch_rows = 4 x 60 = 240 rows: 3 row groups.
+    shards = data.plan_shards([path], batch_rows=60)
+    assert [s.row_groups for s in shards] == [(0, 1, 2), (3, 4, 5), (6, 7, 8), (9, 10)]
+    assert [s.row_start for s in shards] == [0, 300, 600, 900]
+    assert [s.rows for s in shards] == [300, 300, 300, 130]
+    assert data.counted_rows(shards) == 1030
+    # Large blocks: one shard per file.
+    (whole,) = data.plan_shards([path], batch_rows=1000)
+    assert whole.row_groups == tuple(range(11)) and whole.rows == 1030
+
+    columns = ["f0", "f1", "f2"]
+    by_shard = [b for s in shards
+                for b in data.blocks_from_shard(s, "label", columns, LOGISTIC, 60)]
+    from_file = list(data.blocks_from_file(path, "label", columns, LOGISTIC, 60))
+    assert [(b.source, b.row_start, len(b)) for b in by_shard] == \
+        [(b.source, b.row_start, len(b)) for b in from_file]
+    for a, b in zip(by_shard, from_file):
+        np.testing.assert_array_equal(a.features, b.features)
+        np.testing.assert_array_equal(a.labels, b.labels)
+    # Blocks stay within their shard, start where the previous one ended, and hold the file's
+    # rows in order.
+    assert all(len(b) <= 60 for b in by_shard)
+    starts = {s.row_start for s in shards}
+    assert starts <= {b.row_start for b in by_shard}
+    assert [b.row_start for b in by_shard] == list(np.cumsum([0] + [len(b) for b in by_shard[:-1]]))
+    np.testing.assert_array_equal(np.concatenate([b.features for b in by_shard]), x)
+    np.testing.assert_array_equal(np.concatenate([b.labels for b in by_shard]),
+                                  LOGISTIC.encode_labels(y))
+
+
+def test_uneven_row_groups_and_several_files(tmp_path):
+    x, y = synthetic.make_dataset("binary", 700, 2, seed=6)
+    path = str(tmp_path / "uneven.parquet")
+    table = pa.table({"f0": x[:, 0], "f1": x[:, 1], "label": y})
+    with pq.ParquetWriter(path, table.schema) as writer:
+        for start, stop in ((0, 50), (50, 400), (400, 420), (420, 700)):
+            writer.write_table(table.slice(start, stop - start))
+    other = _write_parquet(tmp_path / "other.parquet", x[:10], y[:10])
+    csv = str(tmp_path / "c.csv")
+    pa_csv.write_csv(table.slice(0, 5), csv)
+    shards = data.plan_shards([path, other, csv], batch_rows=25)   # shards of >= 100 rows
+    assert [(s.path, s.row_groups, s.row_start, s.rows) for s in shards] == [
+        (path, (0, 1), 0, 400), (path, (2, 3), 400, 300), (other, (0,), 0, 10), (csv, None, 0, None)]
+    assert data.counted_rows(shards[:3]) == 710
+    assert data.counted_rows(shards) is None   # CSV: rows unknown until read
+
+
+def test_an_error_in_a_later_shard_names_its_row_in_the_file(tmp_path):
+    x, y = synthetic.make_dataset("binary", 1000, 3, seed=7)
+    x[737, 1] = np.nan   # the 738th data row, in the third shard (rows 600-899)
+    path = _write_parquet(tmp_path / "bad.parquet", x, y, row_group_size=100)
+    shards = data.plan_shards([path], batch_rows=50)   # shards of 200 rows
+    assert [s.row_start for s in shards] == [0, 200, 400, 600, 800]
+    columns = ["f0", "f1", "f2"]
+    for s in shards[:3]:
+        assert sum(len(b) for b in data.blocks_from_shard(s, "label", columns, LOGISTIC, 50)) == 200
+    with pytest.raises(data.DataError) as e:
+        list(data.blocks_from_shard(shards[3], "label", columns, LOGISTIC, 50))
+    assert e.value.detail == f"{path}, row 738: feature 'f1' is missing or not finite"
+
+
+def test_an_error_in_a_later_shard_on_beam_names_its_row(tmp_path, cli):
+    x, y = synthetic.make_dataset("binary", 1000, 3, seed=7)
+    y = y.astype(float)
+    y[437] = 5.0   # not a class of a binary model; the 438th row, in the third shard
+    path = _write_parquet(tmp_path / "bad.parquet", x, y, row_group_size=100)
+    r = cli("train", "--input", path, "--output", tmp_path / "out", "--algorithm", "dpgd",
+            "--noise-multiplier", 1.0, "--steps", 2, "--batch-rows", 50, *BEAM)
+    assert r.code == 2
+    (line,) = [l for l in r.err.splitlines() if l.startswith("beam-dp: error:")]
+    assert line.startswith(f"beam-dp: error: {path}, row 438: column 'label'"), line
+    assert "5.0" not in line
+
+
+def test_csv_shards_are_whole_files_with_unknown_rows(tmp_path, binary_csv):
+    shards = data.plan_shards(binary_csv["files"], batch_rows=10)
+    assert [(s.path, s.row_groups, s.row_start, s.rows) for s in shards] == [
+        (f, None, 0, None) for f in binary_csv["files"]]
+    assert data.counted_rows(shards) is None
+    blocks = [b for s in shards
+              for b in data.blocks_from_shard(s, "label", [f"f{j}" for j in range(D)], LOGISTIC, 500)]
+    assert sum(len(b) for b in blocks) == N
+    assert [b.row_start for b in blocks] == [0, 500, 1000, 0, 500, 1000]
