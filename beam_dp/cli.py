@@ -371,6 +371,12 @@ def _interrupted(args) -> int:
     checkpoint = getattr(args, "checkpoint_dir", None)
     resume = (f"; rerun the same command to resume from {checkpoint}"
               if checkpoint and os.path.exists(os.path.join(checkpoint, "state.npz")) else "")
+    if resume:
+        from beam_dp.beam.aggregator import kept_batch_files
+        kept = kept_batch_files(checkpoint)
+        if kept:   # raw rows: the user must know they are there if no rerun comes
+            resume += (f" (the run's mini-batches stay in {kept} until then; delete that directory "
+                       "if you will not resume)")
     print(f"beam-dp: interrupted; no output was written{resume}", file=sys.stderr)
     return 130
 

@@ -314,6 +314,8 @@ def test_an_interrupted_checkpointed_run_resumes_with_its_batches(tmp_path, cli,
     r = cli(*args)
     assert r.code == 130, r
     assert "resume" in r.err
+    (line,) = r.err.splitlines()   # and says where the raw batches wait for that rerun
+    assert "beam-dp-batches-" in line and "delete that directory" in line
     assert asked == list(range(8))
     kinds = [j["kind"] for j in beam_jobs]
     assert kinds.count("batches") == 1 and kinds[-1] == "batches", kinds

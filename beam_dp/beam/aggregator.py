@@ -15,6 +15,7 @@ counted by a Beam metric) for the benchmark.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import pickle
@@ -25,6 +26,7 @@ import uuid
 from typing import Callable, Sequence
 
 import apache_beam as beam
+import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import MetricsFilter
@@ -76,6 +78,16 @@ def _delete_tree(location: str) -> None:
                for m in r.metadata_list]
     if matched:
         FileSystems.delete(matched)
+
+
+def kept_batch_files(checkpoint_dir: str) -> str | None:
+    """Where a checkpointed run's batch files wait for its rerun, if they still exist."""
+    try:
+        with np.load(os.path.join(checkpoint_dir, "state.npz")) as z:
+            location = json.loads(str(z["plan"])).get("batch_files")
+    except (OSError, ValueError, KeyError):
+        return None
+    return location if location and FileSystems.exists(location) else None
 
 
 class _DropOwnInputErrors(logging.Filter):
