@@ -324,12 +324,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _INTERRUPTED.clear()
     in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, _on_interrupt) if in_main_thread else None
+    # SIGTERM (what Kubernetes, Airflow and most schedulers send) stops a run as Ctrl-C does, so
+    # that it too deletes its mini-batches and leaves no half-written output.
+    previous = ({sig: signal.signal(sig, _on_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+                if in_main_thread else {})
     try:
         return _main(argv)
     finally:
-        if in_main_thread:
-            signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _main(argv: list[str]) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import signal
 
 import numpy as np
 import pyarrow as pa
@@ -176,7 +177,7 @@ def test_same_model_on_external_worker_processes(tmp_path, request, worker_pool,
     assert _run_with_timeout(common + [
         "--output", str(tmp_path / "portable"), "--runner", "PortableRunner",
         "--job_endpoint", "embed", "--environment_type", "EXTERNAL",
-        "--environment_config", address]) == 0
+        "--environment_config", address, "--temp_location", str(tmp_path / "temp")]) == 0
     # One worker process per job, started by the pool (not this process).
     log = pool_log.read_text(errors="replace")
     assert beam_jobs and log.count("Starting worker with command") == len(beam_jobs), (
@@ -405,6 +406,54 @@ def test_rerunning_a_finished_checkpointed_run_makes_no_job(tmp_path, cli, binar
     assert _kinds(beam_jobs) == [("batches", 10)]
     np.testing.assert_array_equal(model_theta(tmp_path / "out"), first)
     assert _leftovers(temp) == []
+
+
+def test_a_runner_with_workers_elsewhere_needs_a_temp_location(tmp_path, cli, binary):
+    """Workers on other machines would write the mini-batches (and the jobs' results) to their
+    own disks: the run must not start without a location both sides share."""
+    r = cli("train", "--input", binary["glob"], "--output", tmp_path / "out", "--algorithm",
+            "dpsgd", "--epsilon", 1, "--runner", "PortableRunner", "--job_endpoint", "embed")
+    assert r.code != 0
+    assert "--temp_location" in r.err and len(r.err.strip().splitlines()) == 1, r.err
+    assert not (tmp_path / "out").exists()
+
+
+def test_batches_the_driver_cannot_see_stop_the_run(tmp_path, cli, binary, monkeypatch):
+    """If the index files the batch job wrote are not all visible to the driver (workers that
+    wrote elsewhere), the run stops rather than train on empty batches."""
+    from beam_dp.beam import aggregator as aggregator_mod
+
+    real_match = aggregator_mod.FileSystems.match
+
+    def hide_indexes(patterns, *args, **kwargs):
+        if any(p.endswith(batches.INDEX_PATTERN) for p in patterns):
+            patterns = [p.replace(batches.INDEX_PATTERN, "nothing-*") for p in patterns]
+        return real_match(patterns, *args, **kwargs)
+
+    monkeypatch.setattr(aggregator_mod.FileSystems, "match", hide_indexes)
+    temp = tmp_path / "temp"
+    with pytest.raises(RuntimeError, match="--temp_location"):
+        cli(*_dpsgd_args(binary, tmp_path / "out", temp))
+    assert _leftovers(temp) == [] and not (tmp_path / "out").exists()
+
+
+def test_sigterm_stops_a_run_like_ctrl_c_and_deletes_its_batches(tmp_path, cli, binary, monkeypatch):
+    """What schedulers send (Kubernetes, Airflow): the raw mini-batches go, no output is left."""
+    temp, modes = tmp_path / "temp", []
+    real_get = REAL_GET
+
+    def get(self, step):
+        if step == 4:
+            (batch_dir,) = _batch_dirs(temp)
+            modes.append(os.stat(temp / batch_dir).st_mode & 0o777)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_get(self, step)
+
+    monkeypatch.setattr(batches.FileBatches, "get", get)
+    r = cli(*_dpsgd_args(binary, tmp_path / "out", temp))
+    assert r.code == 130 and "interrupted" in r.err, r
+    assert modes == [0o700]   # raw rows: readable by this user only
+    assert _leftovers(temp) == [] and not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("damage", ["deleted", "other-plan"])

@@ -182,7 +182,7 @@ def test_dpsgd_batch_job_translates(tmp_path, record_property):
     aggregator = _aggregator(tmp_path, "binary", D, losses.make_loss("logistic"))
     q = 0.05
     plan = batches.PoissonPlan(PoissonSampler(q, SEED), q * N)
-    _dry_run(aggregator.batches_pipeline(plan, 2000, f"{BUCKET}/tmp/batches"), record_property,
+    _dry_run(aggregator.batches_pipeline(plan, 2000, f"{BUCKET}/tmp/batches", f"{BUCKET}/tmp/written.pkl"), record_property,
              "dpsgd-batches")
 
 
@@ -190,5 +190,5 @@ def test_dp_ambssgd_batch_job_translates(tmp_path, record_property):
     aggregator = _aggregator(tmp_path, "binary", D, losses.make_loss("logistic"))
     blocks = 40
     plan = Assignment(SEED, blocks, 0.1, N / blocks)
-    _dry_run(aggregator.batches_pipeline(plan, blocks, f"{BUCKET}/tmp/batches"), record_property,
+    _dry_run(aggregator.batches_pipeline(plan, blocks, f"{BUCKET}/tmp/batches", f"{BUCKET}/tmp/written.pkl"), record_property,
              "dp-ambssgd-batches")

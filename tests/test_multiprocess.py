@@ -128,7 +128,8 @@ def test_training_on_external_worker_processes_matches_local_runner(tmp_path, wo
     assert _run_with_timeout(train + [
         "--output", str(tmp_path / "portable"),
         "--runner", "PortableRunner", "--job_endpoint", "embed",
-        "--environment_type", "EXTERNAL", "--environment_config", address]) == 0
+        "--environment_type", "EXTERNAL", "--environment_config", address,
+        "--temp_location", str(tmp_path / "temp")]) == 0
 
     # The bundles ran in worker processes that the pool started (one per job), not here.
     log = pool_log.read_text(errors="replace")

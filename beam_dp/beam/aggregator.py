@@ -14,6 +14,7 @@ counted by a Beam metric) for the benchmark.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -48,6 +49,11 @@ JOB_GRAPH_BUDGET = JOB_GRAPH_LIMIT // 2
 # ... and at most this many steps per job: long unrolled graphs cost the runner time to plan
 # (measured with pipelines/benchmark.py; see MAX_STEPS_PER_JOB in the README's cluster section).
 MAX_STEPS_PER_JOB = 200
+# Runners whose workers share this machine's file system: the system temp directory serves as
+# the temp location. Any other runner needs a --temp_location that the driver and the workers
+# can both reach (workers elsewhere would write the mini-batches where the driver cannot read).
+IN_PROCESS_RUNNERS = (None, "FnApiRunner", "DirectRunner", "BundleBasedDirectRunner",
+                      "SwitchingDirectRunner")
 
 
 def _write_pickle(value, path):
@@ -151,7 +157,13 @@ class BeamAggregator:
         self.cache = Shared()   # the handle of this run's worker caches
         self.pipeline_args = list(pipeline_args)
         self.options = PipelineOptions(pipeline_args)
-        temp = self.options.get_all_options().get("temp_location")
+        given = self.options.get_all_options()
+        temp = given.get("temp_location") or given.get("staging_location")
+        if not temp and make_runner is None and given.get("runner") not in IN_PROCESS_RUNNERS:
+            raise ValueError(
+                f"--runner {given.get('runner')} runs the workers apart from this driver: give "
+                "--temp_location, a location both can read and write (e.g. gs://bucket/tmp); the "
+                "jobs' results and the run's mini-batches are written there, and deleted after")
         self.temp_root = temp or tempfile.gettempdir()
         self._work_dir = work_dir
         self.jobs: list[dict] = []
@@ -166,7 +178,7 @@ class BeamAggregator:
         if self._work_dir is None:
             self._work_dir = FileSystems.join(self.temp_root, f"beam-dp-{uuid.uuid4().hex}")
         if "://" not in self._work_dir:
-            os.makedirs(self._work_dir, exist_ok=True)
+            os.makedirs(self._work_dir, mode=0o700, exist_ok=True)
         return self._work_dir
 
     def _pipeline(self) -> beam.Pipeline:
@@ -192,17 +204,28 @@ class BeamAggregator:
            | "SaveState" >> beam.Map(_write_pickle, path))
         return p
 
-    def batches_pipeline(self, plan, steps: int, location: str) -> beam.Pipeline:
+    def batches_pipeline(self, plan, steps: int, location: str, written: str) -> beam.Pipeline:
+        """The batch job; ``written`` receives the names of the index files it wrote, which the
+        driver checks it can see (a worker elsewhere writes to its own disk)."""
         p = self._pipeline()
         per_file = batches.steps_per_file(plan.expected_rows, self.dim)
-        p | "StepBatches" >> WriteStepBatches(self.shards, self.reader, self.cache, plan, steps,
-                                              per_file, location, self.dim)
+        (p | "StepBatches" >> WriteStepBatches(self.shards, self.reader, self.cache, plan, steps,
+                                               per_file, location, self.dim)
+           | "Written" >> beam.combiners.ToList()
+           | "SaveWritten" >> beam.Map(_write_pickle, written))
         return p
 
     def _run(self, kind: str, pipeline: beam.Pipeline, steps: int = 0) -> None:
         start = time.perf_counter()
         result = pipeline.run()
-        result.wait_until_finish()
+        try:
+            result.wait_until_finish()
+        except BaseException:
+            # A remote job outlives an interrupted driver unless cancelled (it would go on
+            # writing into a directory the driver is about to delete).
+            with contextlib.suppress(Exception):
+                result.cancel()
+            raise
         self.jobs.append({"kind": kind, "steps": steps, "seconds": time.perf_counter() - start,
                           "file_opens": _counter(result, FILE_OPENS)})
 
@@ -253,11 +276,18 @@ class BeamAggregator:
                 return BatchFiles(resume, manifest, keep)
             _delete_tree(resume)   # incomplete, or another plan's: made anew
         location = FileSystems.join(self.temp_root, f"beam-dp-batches-{uuid.uuid4().hex}")
+        if "://" not in location:   # raw rows: readable by this user only, as the input may be
+            os.makedirs(location, mode=0o700)
         try:
-            self._run("batches", self.batches_pipeline(plan, steps, location), steps=steps)
+            written = self._path("batch-index")
+            self._run("batches", self.batches_pipeline(plan, steps, location, written), steps=steps)
             names = sorted(os.path.basename(m.path) for r in FileSystems.match(
                 [FileSystems.join(location, batches.INDEX_PATTERN)])
                 for m in r.metadata_list)
+            if not FileSystems.exists(written) or sorted(_take_pickle(written)) != names:
+                raise RuntimeError(
+                    f"the workers' mini-batches are not all readable here under {self.temp_root}: "
+                    "give --temp_location, a location this driver and the workers share")
             manifest = batches.Manifest(fingerprint, steps,
                                         batches.steps_per_file(plan.expected_rows, self.dim), names)
             with FileSystems.create(FileSystems.join(location, batches.DONE)) as f:

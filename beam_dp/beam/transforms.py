@@ -59,23 +59,32 @@ _UNSET = object()
 
 
 def _state_after(stage, outputs):
-    """The state after ``stage`` from the previous step's outputs, (state before it, partial sum)
-    pairs, one per bundle; ``stage`` None: the initial state. Every consumer computes it alike
-    (``apply`` is a pure function of the state and the sum, its noise drawn from the seed), so
-    the update needs no stage of its own."""
-    state, total = outputs[0][0], None
+    """The state after ``stage`` from the previous step's outputs, (first input of the bundle,
+    state before it, partial sum) triples, one per bundle; ``stage`` None: the initial state.
+    Every consumer computes it alike: the partial sums are added in the order of their bundles'
+    first inputs (a side input's order is not fixed), and ``apply`` is a pure function of the
+    state and the sum, its noise drawn from the seed. So the update needs no stage of its own."""
+    outputs = sorted(outputs, key=lambda o: o[0])
+    state, total = outputs[0][1], None
     if stage is None:
         return state
-    for _, partial in outputs:
+    for _, _, partial in outputs:
         total = partial if total is None else total + partial
     return stage.apply(state, total)
+
+
+def _position(element) -> tuple:
+    """Where an input element starts (file and first row): orders the bundles' sums."""
+    return (element.source if isinstance(element, data.Block) else element.path,
+            element.row_start)
 
 
 class _Step(beam.DoFn):
     """One stage over the input elements: Blocks, or Shards whose blocks come from the worker's
     cache (read on a miss). The side input holds the previous stage's outputs, from which the
-    state is made (once per bundle); the output is one (state, partial sum over the bundle) per
-    bundle, so that a step is a single fused stage of the job and its output O(d) per bundle."""
+    state is made (once per bundle); the output is one (first input's position, state, partial
+    sum over the bundle) per bundle, so that a step is a single fused stage of the job and its
+    output O(d) per bundle."""
 
     def __init__(self, stage, previous, reader: ShardReader | None, cache: Shared | None):
         self.stage, self.previous = stage, previous
@@ -87,11 +96,13 @@ class _Step(beam.DoFn):
             self.cache = self.cache_handle.acquire(ShardCache)
 
     def start_bundle(self):
-        self.state, self.total = _UNSET, None
+        self.state, self.total, self.first = _UNSET, None, None
 
     def process(self, element, previous_outputs):
         if self.state is _UNSET:
             self.state = _state_after(self.previous, previous_outputs)
+        position = _position(element)
+        self.first = position if self.first is None else min(self.first, position)
         blocks = ([element] if isinstance(element, data.Block)
                   else self.cache.blocks(element, self.reader))
         for block in blocks:
@@ -101,7 +112,7 @@ class _Step(beam.DoFn):
     def finish_bundle(self):
         if self.state is not _UNSET:
             total = self.total if self.total is not None else np.zeros(self.stage.shape)
-            yield WindowedValue((self.state, total), MIN_TIMESTAMP, [GlobalWindow()])
+            yield WindowedValue((self.first, self.state, total), MIN_TIMESTAMP, [GlobalWindow()])
 
 
 def _final_state(_, stage, outputs):
@@ -124,7 +135,7 @@ class RunStages(beam.PTransform):
         self.reader, self.cache = reader, cache
 
     def expand(self, inputs):
-        outputs = inputs.pipeline | "InitialState" >> beam.Create([(self.initial_state, None)])
+        outputs = inputs.pipeline | "InitialState" >> beam.Create([((), self.initial_state, None)])
         previous = None
         for i, stage in enumerate(self.stages):
             outputs = inputs | f"Step{i}" >> beam.ParDo(
