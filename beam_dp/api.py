@@ -69,7 +69,7 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
                                                         feature_columns, batch_rows)
     source = {"files": files, "label_column": label_column, "feature_columns": list(feature_columns)}
     problem = registry.Problem(loss, len(feature_columns), privacy, fit_intercept,
-                               steps_per_job, checkpoint_dir, source)
+                               steps_per_job, checkpoint_dir, source, seed_fixed=seed is not None)
     chosen.check(problem)
     ledger = accounting.Ledger(accountant, chosen.relation)
     try:

@@ -252,6 +252,9 @@ def _refuse_other_algorithms_flags(parser, algorithm: str, extra: list[str]) -> 
                          f"(choose the algorithm with --algorithm)")
 
 
+RENAMED_FLAGS = {"--steps-per-pipeline": "--steps-per-job"}
+
+
 def _refuse_unknown_flags(parser, runner: str | None, extra: list[str]) -> None:
     """Flags beam-dp does not know go to Beam, which would drop a misspelt one (--clip_norm) with
     at most a log line: refuse those neither knows, and any with the local runner (no Beam)."""
@@ -273,7 +276,9 @@ def _refuse_unknown_flags(parser, runner: str | None, extra: list[str]) -> None:
         beam_log.setLevel(level)
     named = [f for f in flags if f.lstrip("-").replace("-", "_") in unknown]
     if named:
-        parser.error(f"unknown flag(s) {', '.join(named)}: neither beam-dp nor Beam knows them")
+        renamed = [f"{f} is now {RENAMED_FLAGS[f]}" for f in named if f in RENAMED_FLAGS]
+        parser.error(f"unknown flag(s) {', '.join(named)}: neither beam-dp nor Beam knows them"
+                     + (f" ({'; '.join(renamed)})" if renamed else ""))
 
 
 def _parse(top, argv: list[str]):
@@ -313,6 +318,10 @@ def console_main() -> None:
     """The ``beam-dp`` command. After an interrupt it exits at once: Beam's non-daemon threads
     could otherwise keep the process waiting after the message."""
     code = main()
+    # The run is over (its output complete, or none written): a late Ctrl-C while Beam's threads
+    # wind down must not turn its exit code into 130.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     if _INTERRUPTED.is_set():
         sys.stdout.flush()
         sys.stderr.flush()

@@ -21,6 +21,10 @@ only, nothing is asserted):
    algorithm and runner): wall time and accounting share.
 
 ``--skip-portable`` leaves out the worker pool rows (they start processes and take a minute).
+Per-step figures are differences of job times: at small sizes or few steps a job's fixed cost
+(worker start-up varies by seconds) swamps them and they can even come out negative; use the
+defaults. Beam warns that ``direct_num_workers`` 2 wants ``multi_processing``: with an EXTERNAL
+environment the pool's processes are the workers, and the 2-process rows open twice the files.
 On a small machine shared with other jobs, OpenBLAS's default threads make matrix products
 erratic; ``OPENBLAS_NUM_THREADS=1`` gives steadier figures. The header prints the load average.
 """
@@ -50,7 +54,8 @@ from beam_dp.sampling import PoissonSampler
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--n", type=int, default=200_000, help="examples (sections 1 and 2)")
     p.add_argument("--d", type=int, default=50, help="features")
     p.add_argument("--portable-n", type=int, default=1_000_000,
@@ -62,7 +67,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--shards", type=int, default=4, help="Parquet files")
     p.add_argument("--skip-portable", action="store_true", help="no worker-pool rows")
     p.add_argument("--skip-example", action="store_true", help="no README example job")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic data and the runs")
     args = p.parse_args(argv)
     if min(args.n, args.d, args.shards, args.batch_size, args.portable_n, args.steps) < 1:
         p.error("sizes and --steps must be positive")

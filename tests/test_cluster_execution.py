@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 import os
 import signal
 
@@ -22,6 +23,7 @@ import pytest
 from conftest import model_theta, read_json
 from test_multiprocess import worker_pool  # noqa: F401  (a fixture)
 
+import beam_dp
 from beam_dp import batches, data, losses, synthetic
 from beam_dp.algorithms import dpsgd_f, registry
 from beam_dp.beam.cache import ShardCache
@@ -376,21 +378,59 @@ def test_a_successful_run_leaves_nothing_under_the_temp_location(tmp_path, cli, 
     assert os.listdir(temp) == []
 
 
-def test_a_resume_without_the_seed_reuses_the_batches(tmp_path, cli, binary, beam_jobs, monkeypatch):
-    """A run resumed without --seed draws a new seed for its noise but reuses (does not
-    resample) the batches its first attempt made: the fingerprint leaves the seed out."""
+def _seedless(args):
+    return [a for i, a in enumerate(args) if a != "--seed" and (i == 0 or args[i - 1] != "--seed")]
+
+
+def test_a_resume_without_a_seed_reuses_the_batches(tmp_path, cli, binary, beam_jobs, monkeypatch):
+    """A production run (no --seed) resumed draws a new secure seed for its noise but reuses
+    (does not resample) the batches its first attempt made: the fingerprint leaves the seed out."""
     temp, checkpoint = tmp_path / "temp", tmp_path / "ckpt"
-    args = _dpsgd_args(binary, tmp_path / "out", temp, "--checkpoint-dir", checkpoint)
+    args = _seedless(_dpsgd_args(binary, tmp_path / "out", temp, "--checkpoint-dir", checkpoint))
     _interrupt_at(monkeypatch, 5)
     assert cli(*args).code == 130
     jobs_before = len(beam_jobs)
     asked = _interrupt_at(monkeypatch, -1)
-    seedless = [a for i, a in enumerate(args) if a != "--seed" and (i == 0 or args[i - 1] != "--seed")]
-    r = cli(*seedless)
+    r = cli(*args)
     assert r.code == 0, r
     assert len(beam_jobs) == jobs_before, _kinds(beam_jobs)
     assert asked == list(range(3, 10))
     assert _leftovers(temp) == []
+    assert read_json(tmp_path / "out" / "privacy_report.json")["seed"] == "OS secure randomness"
+
+
+def test_an_interrupt_inside_a_beam_job_is_one_line(tmp_path, cli, binary, monkeypatch, caplog):
+    """Ctrl-C lands inside a job most of the time: Beam wraps it and logs the worker's traceback;
+    the user sees the one interrupt line, and the API caller a KeyboardInterrupt."""
+    from beam_dp.beam import transforms
+
+    def interrupted(self, shard):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(transforms.ShardReader, "__call__", interrupted)
+    temp = tmp_path / "temp"
+    with caplog.at_level(logging.WARNING):
+        r = cli(*_dpsgd_args(binary, tmp_path / "out", temp))
+    assert r.code == 130, r
+    (line,) = r.err.splitlines()
+    assert "interrupted" in line
+    assert not [rec for rec in caplog.records if "KeyboardInterrupt" in rec.getMessage()]
+    assert _leftovers(temp) == [] and not (tmp_path / "out").exists()
+    with pytest.raises(KeyboardInterrupt):
+        beam_dp.train(input=binary["glob"], algorithm="dpgd", noise_multiplier=1.0, steps=2,
+                      num_examples=N, runner="FnApiRunner")
+
+
+def test_a_fixed_seed_checkpoint_is_not_resumed_as_a_secure_run(tmp_path, cli, binary, monkeypatch):
+    """Resuming a --seed run without --seed would report the OS's secure randomness for draws
+    the fixed seed made: refused as a different configuration."""
+    temp, checkpoint = tmp_path / "temp", tmp_path / "ckpt"
+    args = _dpsgd_args(binary, tmp_path / "out", temp, "--checkpoint-dir", checkpoint)
+    _interrupt_at(monkeypatch, 5)
+    assert cli(*args).code == 130
+    _interrupt_at(monkeypatch, -1)
+    r = cli(*_seedless(args))
+    assert r.code == 2 and "different configuration" in r.err, r
+    assert not (tmp_path / "out").exists()
 
 
 def test_rerunning_a_finished_checkpointed_run_makes_no_job(tmp_path, cli, binary, beam_jobs):

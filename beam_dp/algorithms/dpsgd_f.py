@@ -227,7 +227,8 @@ def _train_registered(options: DpsgdFOptions, problem: Problem, aggregator, seed
     f_config = DpsgdFConfig(options.variant, options.preprocess_epsilon, options.feature_norm,
                             options.grid_size)
     return train(config, f_config, problem.loss, problem.dim, aggregator, seed, ledger, progress,
-                 problem.checkpoint_dir, checkpoint_key={"input": problem.source})
+                 problem.checkpoint_dir,
+                 checkpoint_key={"input": problem.source, "seed_fixed": problem.seed_fixed})
 
 
 DPSGD_F = Algorithm(

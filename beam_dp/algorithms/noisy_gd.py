@@ -376,7 +376,7 @@ def _train_noisy(name: str, options, problem: Problem, aggregator, seed: int, le
     result = train(config, problem.loss, problem.dim, aggregator, seed, ledger, progress,
                    problem.checkpoint_dir,
                    make_transform=(lambda pre: normalize) if normalize else None,
-                   checkpoint_key={"input": problem.source})
+                   checkpoint_key={"input": problem.source, "seed_fixed": problem.seed_fixed})
     return dataclasses.replace(result, feature_transform=features.spec(normalize))
 
 

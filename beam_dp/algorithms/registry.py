@@ -92,7 +92,9 @@ def make_options(options_class, values: dict):
     known = {f.name for f in dataclasses.fields(options_class)}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise TypeError(f"unknown option(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
+        raise TypeError(f"unknown option(s) {', '.join(unknown)}; the algorithm's options: "
+                        f"{', '.join(sorted(known))} (and beam_dp.train's own keywords, e.g. "
+                        "steps_per_job, runner, seed: see help(beam_dp.train))")
     options = options_class(**{name: _plain(value) for name, value in values.items()})
     validate(options)
     return options
@@ -169,6 +171,9 @@ class Problem:
     # Public description of the input (file paths, label and feature columns), so that a
     # checkpoint is resumed only by a run over the same input. Never data values or sizes.
     source: dict = dataclasses.field(default_factory=dict)
+    # Whether the run's seed was fixed (--seed): part of a checkpoint's configuration, so that a
+    # run resumed with a secure seed cannot report as secure what a fixed one drew.
+    seed_fixed: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -98,11 +98,12 @@ def kept_batch_files(checkpoint_dir: str) -> str | None:
 
 class _DropOwnInputErrors(logging.Filter):
     """Beam's DoFn runner logs a failing worker's traceback before re-raising the error. Our
-    input errors (value-free, one line) reach the caller as the exception itself, so that log
-    would only repeat them as a traceback."""
+    input errors (value-free, one line) and an interrupt (Ctrl-C, SIGTERM) reach the caller as
+    the exception itself, so that log would only repeat them as a traceback."""
 
     def filter(self, record) -> bool:
-        return DataError.MARKER not in record.getMessage()
+        message = record.getMessage()
+        return DataError.MARKER not in message and not message.startswith("KeyboardInterrupt")
 
 
 def _quiet_worker_input_errors() -> None:
@@ -217,14 +218,18 @@ class BeamAggregator:
 
     def _run(self, kind: str, pipeline: beam.Pipeline, steps: int = 0) -> None:
         start = time.perf_counter()
-        result = pipeline.run()
+        result = None
         try:
+            result = pipeline.run()   # an in-process runner runs the whole job here
             result.wait_until_finish()
-        except BaseException:
+        except BaseException as e:
             # A remote job outlives an interrupted driver unless cancelled (it would go on
             # writing into a directory the driver is about to delete).
-            with contextlib.suppress(Exception):
-                result.cancel()
+            if result is not None:
+                with contextlib.suppress(Exception):
+                    result.cancel()
+            if not isinstance(e, KeyboardInterrupt) and str(e).startswith("KeyboardInterrupt"):
+                raise KeyboardInterrupt from None   # Beam wraps an interrupt of its bundle
             raise
         self.jobs.append({"kind": kind, "steps": steps, "seconds": time.perf_counter() - start,
                           "file_opens": _counter(result, FILE_OPENS)})
@@ -253,8 +258,10 @@ class BeamAggregator:
         the serialized size of a 1- and a 2-step pipeline), at most MAX_STEPS_PER_JOB."""
         known = self._steps_per_job.get(id(stage))
         if known is None or known[0] is not stage:   # (the stage is kept: its id stays its own)
-            one, two = (self.graph_bytes(self.stages_pipeline([stage] * k, state, "unused"))
-                        for k in (1, 2))
+            probes = [self.stages_pipeline([stage] * k, state, "unused") for k in (1, 2)]
+            one, two = (self.graph_bytes(p) for p in probes)
+            for p in probes:   # never run, so Beam would not remove their temp directories
+                shutil.rmtree(p.local_tempdir, ignore_errors=True)
             per_step = max(1, two - one)
             fits = (JOB_GRAPH_BUDGET - (one - per_step)) // per_step
             known = self._steps_per_job[id(stage)] = (stage, int(max(1, min(MAX_STEPS_PER_JOB, fits))))
