@@ -230,3 +230,27 @@ def test_regression_labels_must_be_finite():
     with pytest.raises(losses.LabelError) as info:
         losses.make_loss("linear").encode_labels(np.array([0.5, -3.0, np.nan]))
     assert info.value.row == 2
+
+
+@pytest.mark.parametrize("model,labels", [("logistic", lambda g, m: g.integers(0, 2, m)),
+                                          ("softmax", lambda g, m: g.integers(0, 3, m))])
+def test_a_block_larger_than_a_chunk_sums_its_chunks(model, labels):
+    """clipped_gradient_sum works on cache-sized chunks of rows (clipping.CHUNK_BYTES): the sum
+    over a block of several chunks, with rows on the exact-scaling path in more than one chunk,
+    is the one-pass sum over the whole block, to rounding."""
+    g = np.random.default_rng(3)
+    d = 40
+    rows = clipping.CHUNK_BYTES // (8 * (d + 1))
+    m = 3 * rows + 17
+    x = g.standard_normal((m, d))
+    x[[5, rows + 3, 2 * rows + 9]] *= 1e200          # the special path, in three chunks
+    sq = np.einsum("ij,ij->i", x, x)
+    y = labels(g, m) if model == "softmax" else labels(g, m).astype(float)
+    loss = losses.make_loss(model, num_classes=3 if model == "softmax" else None)
+    theta = g.standard_normal((loss.outputs(), d + 1)) * 0.1
+    chunked = clipping.clipped_gradient_sum(theta, x, sq, y, loss, 0.7)
+    with np.errstate(all="ignore"):
+        derivative = loss.derivative(losses.scores(theta, x), y)
+    whole = clipping.clipped_outer_sums(derivative, x, sq, [0.7])[0]
+    np.testing.assert_allclose(chunked, whole, rtol=1e-12, atol=1e-12 * m)
+    assert np.all(np.isfinite(chunked))
