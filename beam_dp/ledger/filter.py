@@ -1,0 +1,141 @@
+"""The Renyi filter that admits runs against a partition's lifetime budget.
+
+Unit of privacy. Event level, per partition: two datasets are neighbours when they differ in
+one record of one partition (added or removed, or replaced: the relation each run names, as in
+``beam_dp.accounting``). A record lives in exactly one partition. A run's DpEvent is its
+guarantee for one record of everything it reads, so a run reading k partitions charges its
+whole event to each of the k. A person with records in several partitions (several days) is
+protected per record, not per person. An unpartitioned dataset is a single partition. All the
+charges of one dataset name the same neighbouring relation: the filter adds RDP curves, which
+only makes sense for one relation.
+
+The filter. For a partition with lifetime budget (epsilon, delta), a fixed grid ORDERS of k
+Renyi orders, and delta' = delta / k, write conv(a, r) for dp_accounting's conversion of
+"(a, r)-RDP" to an epsilon at delta' (``rdp_privacy_accountant.compute_epsilon`` on one order:
+Canonne, Kamath & Steinke 2020, Prop. 12, with the KL / Bretagnolle-Huber bound for tiny r);
+it is nondecreasing in r, so B(a) = sup{r : conv(a, r) <= epsilon} is a budget per order. Run
+t, with RDP curve rho_t (dp_accounting's RDP of its composed DpEvent), is admitted iff
+
+    there is an order a in ORDERS with  sum_{admitted i <= t} rho_i(a) <= B(a),
+    i.e.  min_a conv(a, sum_i rho_i(a)) <= epsilon,
+
+where the sum runs over every charge of the partition that is reserved or committed (a void
+charge read no data). A refused run releases nothing.
+
+Theorem. Whatever the runs, however many, and however each one's parameters (hence rho_t) and
+the decision to submit it depend on the outputs released before it, everything the filter ever
+admits on a partition is (epsilon, delta)-DP for one record of that partition.
+
+Proof. (1) One order (Feldman & Zrnic 2021, "Individual privacy accounting via a Renyi filter",
+Thm 3.1; Lecuyer 2021, "Practical privacy filters and odometers with Renyi DP"): a sequence of
+adaptively chosen mechanisms, each admitted only while the running sum of their RDP at order a
+stays <= B, is (a, B)-RDP as a whole; the proof is a supermartingale over exp((a-1)(privacy loss
+- running RDP sum)), so it needs rho_t to be fixed only when run t starts, not in advance. A
+refused run is a run with rho = 0 (the refusal is a function of what was already public). So
+the process P_a that admits by order a alone is (a, B(a))-RDP, hence (epsilon, delta')-DP by
+the conversion. (2) Several orders: let A be the first order of ORDERS within its budget after
+the last admitted run (one exists, by the rule). On {A = a} every run the filter admitted also
+fit order a when it was admitted (sums only grow) and every run it refused did not fit a either,
+so the transcript is exactly P_a's. {A = a} is a function of the transcript, so for any set S
+of transcripts and neighbours D, D': Pr_D[S] = sum_a Pr_D[P_a in S, A = a] <= sum_a (e^epsilon
+Pr_D'[P_a in S, A = a] + delta') = e^epsilon Pr_D'[S] + k delta' = e^epsilon Pr_D'[S] + delta.
+
+Why delta is split. Lecuyer 2021, and systems built on it, state the multi-order rule with the
+whole delta at every order; that statement's proof could not be checked here, and under
+adaptivity the order that stays within budget is itself random, so the ledger pays the union
+bound of step (2): delta / k per order. It costs ln(k) / (a - 1) in epsilon at the best order
+(e.g. a DP-SGD run of RDP epsilon 1.46 at delta 1e-5 reads as 1.86); a short grid keeps k small.
+
+Concurrent runs are covered: a run's event is fixed when it is admitted, and runs admitted
+while others are still in flight depend on fewer outputs than the sequential order allows.
+The rule only holds if a run's event does not depend on the data except through earlier
+releases, if the caller voids a charge only when the run read no data, and if a resumed run
+releases nothing beyond its event. Raising a budget (``replace=True``) is a policy decision:
+the guarantee is then the largest budget ever set.
+"""
+from __future__ import annotations
+
+import math
+
+import dp_accounting
+import numpy as np
+from dp_accounting.rdp import rdp_privacy_accountant
+
+from beam_dp import accounting
+
+# The fixed grid. Changing it is safe (charges keep their events, and a curve stored on another
+# grid is recomputed), but every order added costs a little epsilon (delta / k above).
+ORDERS: tuple[float, ...] = (1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0,
+                             24.0, 32.0, 64.0, 256.0)
+
+_RELATION_NAMES = {
+    accounting.ADD_REMOVE: accounting.ADD_REMOVE, "add_remove": accounting.ADD_REMOVE,
+    accounting.REPLACE_ONE: accounting.REPLACE_ONE, "replace_one": accounting.REPLACE_ONE,
+}
+
+VALIDITY = (
+    "The ledger admits a run on a partition only if, at some Renyi order a of its fixed grid, "
+    "the RDP of all the partition's reserved and committed runs plus this one stays within the "
+    "order's budget: the RDP that dp_accounting's conversion turns into the lifetime epsilon at "
+    "delta / k (k orders). For one order this is the Renyi filter of Feldman & Zrnic (2021) and "
+    "Lecuyer (2021): runs whose parameters are chosen after seeing earlier outputs still compose "
+    "to that RDP, because the proof bounds a supermartingale and never needs the parameters in "
+    "advance. Across orders, splitting delta over the k orders (a union bound) makes the whole "
+    "lifetime of the partition (epsilon, delta)-DP for one record of it. Epsilons are never "
+    "added, and runs are not composed by PLD across runs, because neither is valid when runs "
+    "are chosen adaptively.")
+
+
+def relation(neighbouring: str) -> str:
+    """``beam_dp.accounting``'s name of a neighbouring relation ('add_remove' and
+    'replace_one' accepted too)."""
+    try:
+        return _RELATION_NAMES[neighbouring]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown neighbouring relation {neighbouring!r}; choose "
+                         f"{accounting.ADD_REMOVE!r} or {accounting.REPLACE_ONE!r}") from None
+
+
+def rdp_curve(event, neighbouring: str, orders=ORDERS) -> np.ndarray:
+    """dp_accounting's RDP of ``event`` at ``orders`` (the project's RDP accountant: the
+    library's, plus ``PureDpEvent``). ValueError if RDP cannot account for the event."""
+    acc = accounting._RdpAccountant(list(orders), accounting._RELATIONS[relation(neighbouring)])
+    try:
+        with accounting._quiet_rdp():
+            acc.compose(event)
+    except dp_accounting.UnsupportedEventError as error:
+        raise ValueError(f"the RDP accountant cannot account for this event under "
+                         f"{relation(neighbouring)}: {error}") from None
+    curve = np.asarray(acc.rdp, dtype=float)
+    if np.any(curve < 0):
+        # dp_accounting's sign of numerical trouble; its conversion would read it as epsilon 0.
+        raise ValueError("dp_accounting gave a negative RDP for this event (numerical "
+                         "instability); the ledger does not charge it")
+    return curve
+
+
+def delta_per_order(delta: float, orders=ORDERS) -> float:
+    return delta / len(orders)
+
+
+def order_epsilons(rdp, delta: float, orders=ORDERS) -> np.ndarray:
+    """conv(a, rdp(a)) for each order: the epsilon each order alone would certify."""
+    d = delta_per_order(delta, orders)
+    return np.array([float(rdp_privacy_accountant.compute_epsilon([a], [r], d)[0])
+                     for a, r in zip(orders, rdp)])
+
+
+def epsilon(rdp, delta: float, orders=ORDERS) -> tuple[float, float]:
+    """The filter's reading of an RDP curve: (min over orders of conv(a, rdp(a)), best order).
+    A run is admitted iff this, for the partition's charges plus the run, is <= epsilon."""
+    rdp = np.asarray(rdp, dtype=float)
+    if not np.any(rdp > 0):
+        return 0.0, float(orders[0])
+    value, order = rdp_privacy_accountant.compute_epsilon(
+        list(orders), list(rdp), delta_per_order(delta, orders))
+    value = float(value)
+    return (value if not math.isnan(value) else math.inf), float(order)
+
+
+def admits(rdp, budget_epsilon: float, budget_delta: float, orders=ORDERS) -> bool:
+    return epsilon(rdp, budget_delta, orders)[0] <= budget_epsilon

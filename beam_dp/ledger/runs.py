@@ -1,0 +1,100 @@
+"""A training run as the ledger sees it: its release id, and its charge as it grows.
+
+Release id. A deterministic hash of what the run releases: its configuration (every train flag
+that can change the model or its guarantee, the dataset id and partitions), its input snapshot
+(each file's path, size and modification time, as the file system reports them: no content is
+read) and the code version. A scheduler's retry or a double submission of the same command on
+the same files has the same id, so the ledger neither charges nor trains twice; new data, a new
+partition or a new release of beam-dp is a new release. Left out, as they do not change what is
+released: where the output, checkpoints and temp files go, the runner and its flags, progress,
+--max-jobs, --steps-per-job and orchestrator ids (an Airflow retry has a new run id).
+
+The charge. A run cannot know its whole DpEvent before it reads data: with a private count the
+noise is calibrated to the count. So ``RunCharge`` (the in-run ledger's gate,
+``accounting.Ledger(gate=...)``) reserves the first releases (the count) before they are made,
+and extends the reservation with the plan (the steps) before training starts; each is admitted
+by the Renyi filter. A refusal after the count leaves the count charged (it was made).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+from beam_dp.ledger import core
+
+# Increment when the meaning of a release id's fields changes.
+RELEASE_ID_VERSION = 1
+
+
+def input_snapshot(paths) -> list[dict]:
+    """(path, size, modification time) of each file, from the file system's metadata (local or
+    remote: Beam's FileSystems), sorted by path. Sizes and times of the files, never contents."""
+    snapshot = []
+    for path in sorted(set(paths)):
+        if "://" in path:
+            from apache_beam.io.filesystems import FileSystems
+            metadata = FileSystems.match([path])[0].metadata_list[0]
+            size, mtime = metadata.size_in_bytes, metadata.last_updated_in_seconds
+        else:
+            stat = os.stat(path)
+            size, mtime = stat.st_size, stat.st_mtime_ns / 1e9
+        snapshot.append({"path": os.path.abspath(path) if "://" not in path else path,
+                         "size": int(size), "modified": repr(float(mtime))})
+    return snapshot
+
+
+def release_id(configuration: dict, snapshot: list[dict], version: str) -> str:
+    """The hash of a run's configuration, input snapshot and code version (module docstring)."""
+    text = json.dumps({"release_id_version": RELEASE_ID_VERSION, "configuration": configuration,
+                       "inputs": snapshot, "beam_dp": version}, sort_keys=True, default=str)
+    return "r-" + hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+class RunCharge:
+    """The gate of one run (``accounting.Ledger(gate=...)``): the first call reserves the
+    releases planned so far, later ones extend the reservation (``core.Ledger.extend``); a
+    run resuming a reserved charge only extends it (what it plans again is already charged).
+    BudgetExceeded propagates: the run stops before releasing more."""
+
+    def __init__(self, ledger: core.Ledger, release: str, dataset: str, partitions,
+                 neighbouring: str, orchestrator: dict, resuming: bool):
+        self.ledger, self.release = ledger, release
+        self.dataset, self.partitions = dataset, partitions
+        self.neighbouring, self.orchestrator = neighbouring, orchestrator
+        self.reserved = resuming
+
+    def precheck(self, epsilon: float | None) -> None:
+        """Before the run reads any data: refuses it, charging nothing, if a partition it reads
+        has no budget, or less epsilon left (the filter's reading) than the run's target. Only
+        public values decide (the ledger and the requested epsilon), so the refusal reveals
+        nothing about the data; the filter's own admission, once the run knows its releases,
+        still decides the rest (a run that passes here may be refused there, after its count:
+        the count is then charged, as the refusal depends on it)."""
+        for partition in self.partitions or [None]:
+            view = self.ledger.explain(self.dataset, partition)
+            where = core._where(self.dataset, partition)
+            if view.budget is None:
+                raise core.NoBudget(
+                    f"no budget is declared for {where}: declare one (beam-dp ledger budget "
+                    f"--dataset-id {self.dataset} --epsilon E --delta D) before running on it")
+            remaining = view.remaining_epsilon
+            if epsilon is not None and epsilon > remaining:
+                raise core.BudgetExceeded(
+                    f"refused before reading any data: {where} has epsilon="
+                    f"{max(0.0, remaining):.4g} remaining of its lifetime {view.budget.epsilon:g} at "
+                    f"delta={view.budget.delta:g} (Renyi filter's reading of {view.committed} "
+                    f"committed and {view.reserved} reserved runs); this run asks for epsilon="
+                    f"{epsilon:g}. Nothing was charged (beam-dp ledger explain)",
+                    self.dataset, partition, view.spent_epsilon, view.spent_epsilon + epsilon,
+                    view.budget)
+
+    def __call__(self, event) -> None:
+        if self.reserved:
+            self.ledger.extend(self.release, event)
+            return
+        reservation = self.ledger.reserve(self.release, self.dataset, self.partitions, event,
+                                          self.neighbouring, self.orchestrator)
+        self.reserved = True
+        if reservation.status == core.COMMITTED:   # checked under the lock before training
+            raise core.LedgerError(f"release {self.release!r} was committed meanwhile")
