@@ -1028,7 +1028,8 @@ class Ledger:
     """Every release of a job, in order. Consecutive releases of the same kind are merged into one
     self-composed entry."""
 
-    def __init__(self, accountant: str = "pld", neighbouring: str = ADD_REMOVE):
+    def __init__(self, accountant: str = "pld", neighbouring: str = ADD_REMOVE,
+                 gate: Callable[[events.DpEvent], None] | None = None):
         make_accountant(accountant, neighbouring)  # validates both names
         self.accountant = accountant
         self.neighbouring = neighbouring
@@ -1036,8 +1037,25 @@ class Ledger:
         # Sentences about how the accountant computed the epsilon (RDP_EXCLUDED_ORDERS_NOTE),
         # for the privacy report.
         self.notes: list[str] = []
+        # The budget across runs (``beam_dp.ledger``): called with everything the job will have
+        # released before it releases more; raises (BudgetExceeded) to stop it.
+        self.gate = gate
+        self._admitted: collections.Counter = collections.Counter()
+
+    def admit(self, planned: events.DpEvent) -> None:
+        """Before releases: ``planned`` is everything this job will have released once they are
+        made (e.g. ``event_after(...)`` with a whole run's steps). The gate, if any, admits it
+        or raises; what it admitted needs no second admission as it is recorded."""
+        leaves = _leaf_counts(planned)
+        if self.gate is not None and not _within(leaves, self._admitted):
+            self.gate(planned)
+        self._admitted |= leaves
 
     def record(self, name: str, event: events.DpEvent, count: int = 1, **params) -> None:
+        """Records releases, admitted first (``admit``) unless already admitted: record before
+        releasing, or admit the plan first (steps recorded after each chunk)."""
+        if self.gate is not None:
+            self.admit(self.event_after(name, event, count, **params))
         _record(self.releases, name, event, count, params)
 
     def event(self) -> events.DpEvent:
@@ -1089,6 +1107,24 @@ class Ledger:
 
     def mechanisms(self) -> list[dict]:
         return [dict(name=r.name, count=r.count, **r.params) for r in self.releases]
+
+
+def _leaf_counts(event: events.DpEvent) -> collections.Counter:
+    """How many times each mechanism occurs in ``event`` (self-compositions counted out)."""
+    if isinstance(event, events.ComposedDpEvent):
+        total = collections.Counter()
+        for e in event.events:
+            total.update(_leaf_counts(e))
+        return total
+    if isinstance(event, events.SelfComposedDpEvent):
+        return collections.Counter({k: v * event.count for k, v in _leaf_counts(event.event).items()})
+    return collections.Counter({repr(event): 1})
+
+
+def _within(leaves: collections.Counter, admitted: collections.Counter) -> bool:
+    """Whether the mechanisms ``leaves`` are among those ``admitted`` (composition is monotone:
+    fewer of the same mechanisms spend no more)."""
+    return all(admitted[k] >= v for k, v in leaves.items())
 
 
 def _record(releases: list, name: str, event: events.DpEvent, count: int, params: dict) -> None:

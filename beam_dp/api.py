@@ -40,7 +40,9 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
           runner: str | None = None, pipeline_args: Sequence[str] = (),
           batch_rows: int = data.DEFAULT_BATCH_ROWS, seed: int | None = None,
           steps_per_job: int | None = None, checkpoint_dir: str | None = None,
-          progress: Callable[[int, int, float], None] | None = None, **options) -> "Model":
+          progress: Callable[[int, int, float], None] | None = None,
+          warm_start: "str | Model | None" = None, max_jobs: int | None = None,
+          budget_gate: Callable | None = None, **options) -> "Model":
     """Trains a differentially private GLM; see the module docstring.
 
     ``epsilon`` (with ``delta``) calibrates the noise; ``noise_multiplier`` instead reports the
@@ -48,8 +50,18 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
     budget is part of epsilon. Without ``seed`` all randomness comes from the OS's secure source;
     a fixed seed is for tests. ``progress(steps_done, steps_total, epsilon_so_far)`` is called
     between chunks of steps. The neighbouring relation is add/remove one row.
+
+    ``warm_start``: a released model (a Model, or its model.json or output directory) to start
+    from, for algorithms that support it (dpgd, dpsgd): free, a post-processing of a release.
+    ``max_jobs``: on a Beam runner, stop with ``JobLimitReached`` (state checkpointed: needs
+    ``checkpoint_dir``) rather than launch more jobs. ``budget_gate(event)``: called with
+    everything the run will have released before it releases more (``beam_dp.ledger``'s
+    budget across runs; it raises to refuse).
     """
     chosen = registry.get(algorithm)
+    if max_jobs is not None and (max_jobs < 1 or not checkpoint_dir):
+        raise ValueError("max_jobs (--max-jobs) must be at least 1 and needs a checkpoint_dir "
+                         "(--checkpoint-dir) to go on from")
     algorithm_options = registry.make_options(chosen.options, options)
     privacy = registry.Privacy(epsilon, delta, noise_multiplier, accountant, num_examples, count_epsilon)
     privacy.validate()
@@ -67,11 +79,18 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
         files, feature_columns, aggregator = file_input(input, runner or DEFAULT_BEAM_RUNNER,
                                                         list(pipeline_args), loss, label_column,
                                                         feature_columns, batch_rows)
+    if max_jobs is not None and hasattr(aggregator, "max_jobs"):
+        aggregator.max_jobs = max_jobs
     source = {"files": files, "label_column": label_column, "feature_columns": list(feature_columns)}
+    initial = None
+    if warm_start is not None:
+        initial = _warm_start_theta(warm_start, chosen, loss, list(feature_columns), label_column,
+                                    fit_intercept, algorithm_options)
     problem = registry.Problem(loss, len(feature_columns), privacy, fit_intercept,
-                               steps_per_job, checkpoint_dir, source, seed_fixed=seed is not None)
+                               steps_per_job, checkpoint_dir, source, seed_fixed=seed is not None,
+                               initial_theta=initial)
     chosen.check(problem)
-    ledger = accounting.Ledger(accountant, chosen.relation)
+    ledger = accounting.Ledger(accountant, chosen.relation, gate=budget_gate)
     try:
         result = chosen.train(algorithm_options, problem, aggregator,
                               seed if seed is not None else mechanisms.secure_seed(), ledger,
@@ -86,6 +105,32 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
         privacy_report.setdefault("warnings", []).append(message)
         warnings.warn(message, PrivacyWarning, stacklevel=2)
     return Model(artifact, privacy_report)
+
+
+def _warm_start_theta(warm_start, chosen, loss, feature_columns, label_column, fit_intercept,
+                      algorithm_options) -> np.ndarray:
+    """The coefficients of a released model to start from, if it fits this run: the same
+    model, features, label and intercept, and no feature transform on either side (a transform
+    would put the coefficients in another space)."""
+    if not chosen.warm_start:
+        supported = ", ".join(a.name for a in registry.algorithms().values() if a.warm_start)
+        raise ValueError(f"{chosen.name} does not start from a model (--warm-start works with "
+                         f"{supported})")
+    model = warm_start if isinstance(warm_start, Model) else Model.load(warm_start)
+    artifact = model.artifact
+    mismatch = [what for what, same in (
+        ("model", artifact["model"] == loss.name),
+        ("feature columns", list(artifact["feature_columns"]) == feature_columns),
+        ("label column", artifact["label_column"] == label_column),
+        ("intercept", artifact["fit_intercept"] == fit_intercept),
+        ("number of outputs", model.theta.shape[0] == loss.outputs())) if not same]
+    if mismatch:
+        raise ValueError(f"the warm-start model does not fit this run: its {', '.join(mismatch)} "
+                         "differ")
+    if artifact.get("feature_transform") or getattr(algorithm_options, "feature_norm", None):
+        raise ValueError("--warm-start needs models without a feature transform "
+                         "(no --feature-norm) on both sides")
+    return np.array(model.theta, dtype=np.float64)
 
 
 LARGE_EPSILON = 10.0

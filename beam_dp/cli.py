@@ -175,7 +175,34 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                           "job graph holds, up to 200); with batches fixed in advance (dpsgd), "
                           "steps between checkpoints. The driver checkpoints between jobs")
     run.add_argument("--checkpoint-dir", default=None,
-                     help="save the (noised) state after every chunk and resume from it")
+                     help="save the (noised) state after every chunk and resume from it (in a "
+                          "subdirectory named by the run's release id: new data or settings "
+                          "start afresh)")
+    run.add_argument("--max-jobs", type=_positive_int, default=None,
+                     help="launch at most this many Beam jobs, checkpoint and exit with code 75: "
+                          "the same command goes on (one job per invocation: a Flex Template's "
+                          "launcher, an orchestrator's task); needs --checkpoint-dir")
+    run.add_argument("--warm-start", default=None, metavar="MODEL",
+                     help="start from a released model (a training output directory or its "
+                          "model.json): dpgd and dpsgd; free (post-processing of a release)")
+
+    prod = train.add_argument_group(
+        "budget across runs", "A ledger keeps every run's charge against the dataset's lifetime "
+        "budget (beam-dp ledger budget|show|explain); a rerun of the same release (same "
+        "settings, same input files, same beam-dp) returns the released output without "
+        "charging or training again. Exit codes: 3 refused (budget), 4 the same release is "
+        "running elsewhere, 75 --max-jobs reached.")
+    prod.add_argument("--ledger", default=None, metavar="URL",
+                      help="the budget ledger: a SQLite file (path or sqlite:///path) or "
+                           "postgresql://... (password from PGPASSWORD or ~/.pgpass)")
+    prod.add_argument("--dataset-id", default=None,
+                      help="the dataset's id in the ledger (required with --ledger)")
+    prod.add_argument("--partition", action="append", default=None, metavar="P",
+                      help="a data partition the run reads (e.g. a date), each with its own "
+                           "lifetime budget; repeatable")
+    prod.add_argument("--orchestrator-id", action="append", default=None, metavar="KEY=VALUE",
+                      help="who ran it (e.g. airflow_run_id=...), recorded with the charge; "
+                           "repeatable; not part of the release id")
 
     algo = train.add_argument_group("algorithm")
     algo.add_argument("--algorithm", choices=tuple(algorithms), default=DEFAULT_ALGORITHM,
@@ -188,6 +215,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         registry.add_arguments(group, chosen.options)
 
     sub.add_parser("algorithms", help="list the algorithms, when to use each, and their flags")
+    from beam_dp.ledger import commands
+    commands.add_parser(sub)
 
     st = sub.add_parser("stats", help="private statistics of a dataset (to choose clip norms)",
                         epilog="Unknown flags are passed to Beam's PipelineOptions.",
@@ -360,6 +389,9 @@ def _main(argv: list[str]) -> int:
             return _algorithms()
         if args.command == "stats":
             return _stats(args, extra)
+        if args.command == "ledger":
+            from beam_dp.ledger import commands
+            return commands.run(args)
         return _predict(args)
     except KeyboardInterrupt:
         return _interrupted(args)
@@ -454,6 +486,41 @@ def _privacy_report(ledger, delta: float, seed_fixed: bool, **fields) -> dict:
     return report.release_report(ledger, delta, seed_fixed, **fields)
 
 
+# Exit codes of ``beam-dp train`` besides 0, 2 (usage, input) and 130 (interrupted).
+EXIT_REFUSED = 3        # the budget ledger refused the run
+EXIT_IN_PROGRESS = 4    # the same release is running elsewhere (its lock is held)
+EXIT_MORE_JOBS = 75     # --max-jobs reached: state checkpointed, run the same command again
+
+
+def _release(args, beam_args: list[str], chosen, options: dict, input_files, validation_files):
+    """The run's release id (``beam_dp.ledger.runs``: configuration, input snapshot, code)."""
+    import beam_dp
+    from beam_dp.ledger import runs
+
+    configuration = {k: v for k, v in vars(args).items() if not k.startswith("_") and k not in (
+        "command", "input", "validation", "output", "overwrite", "runner", "steps_per_job",
+        "checkpoint_dir", "max_jobs", "ledger", "orchestrator_id", "warm_start")}
+    configuration["options"] = options
+    configuration["neighbouring"] = chosen.relation
+    extra = [args.warm_start] if args.warm_start else []
+    if args.warm_start and os.path.isdir(args.warm_start):
+        extra = [os.path.join(args.warm_start, "model.json")]
+    snapshot = {"input": runs.input_snapshot(input_files),
+                "validation": runs.input_snapshot(validation_files),
+                "warm_start": runs.input_snapshot(extra)}
+    return runs.release_id(configuration, snapshot, beam_dp.__version__)
+
+
+def _orchestrator(values) -> dict:
+    ids = {}
+    for value in values or []:
+        key, sep, text = value.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--orchestrator-id takes KEY=VALUE, got {value!r}")
+        ids[key] = text
+    return ids
+
+
 def _train(args, beam_args: list[str]) -> int:
     from beam_dp import api, data, report
     from beam_dp.algorithms import registry
@@ -463,13 +530,88 @@ def _train(args, beam_args: list[str]) -> int:
     # Refuse a bad --output before any work (and again when writing).
     report.check_output_directory(args.output, args.overwrite)
     validation_files = data.list_files(args.validation) if args.validation else []
-    report.check_not_inside(args.output, [f for pattern in args.input for f in data.list_files(pattern)]
-                            + validation_files)
-    with warnings.catch_warnings():   # printed below as one line, not as Python's warning
-        warnings.simplefilter("ignore", api.PrivacyWarning)
-        model = _train_model(api, args, beam_args, options)
+    input_files = [f for pattern in args.input for f in data.list_files(pattern)]
+    report.check_not_inside(args.output, input_files + validation_files)
+    if (args.ledger is None) != (args.dataset_id is None):
+        raise ValueError("--ledger and --dataset-id go together: the ledger charges the run to "
+                         "the dataset's budget")
+    if args.partition and args.ledger is None:
+        raise ValueError("--partition needs --ledger (partitions are budgets in the ledger)")
+    if args.max_jobs is not None and args.checkpoint_dir is None:
+        raise ValueError("--max-jobs needs --checkpoint-dir: the next invocation goes on from it")
+    orchestrator = _orchestrator(args.orchestrator_id)
+    release = _release(args, beam_args, chosen, options, input_files, validation_files)
+    if args.checkpoint_dir:
+        args.checkpoint_dir = os.path.join(args.checkpoint_dir, release)
+    if args.ledger is None:
+        return _train_and_write(api, args, beam_args, options, validation_files, release)
+    from beam_dp.ledger import core, runs
+
+    with core.open_ledger(args.ledger) as ledger:
+        try:
+            with ledger.lock(release):
+                charge = ledger.charge(release)
+                if charge is not None and charge.status == core.COMMITTED:
+                    return _write_released(args, release, charge.output)
+                gate = runs.RunCharge(ledger, release, args.dataset_id, args.partition,
+                                      chosen.relation, orchestrator,
+                                      resuming=charge is not None and charge.status == core.RESERVED)
+                try:
+                    if not gate.reserved:
+                        gate.precheck(args.epsilon)
+                    return _train_and_write(api, args, beam_args, options, validation_files,
+                                            release, ledger, gate)
+                except core.BudgetExceeded as e:
+                    if gate.reserved:   # what the run released before the refusal stays charged
+                        ledger.commit(release, None)
+                    print(f"beam-dp: {e}", file=sys.stderr)
+                    return EXIT_REFUSED
+        except core.ReleaseInProgress as e:
+            print(f"beam-dp: {e}", file=sys.stderr)
+            return EXIT_IN_PROGRESS
+        except core.LedgerError as e:
+            print(f"beam-dp: error: {e}", file=sys.stderr)
+            return 2
+
+
+def _write_released(args, release: str, output) -> int:
+    """A rerun of a committed release: its stored output, byte for byte; nothing charged."""
+    from beam_dp import report
+
+    if output is None:
+        print(f"beam-dp: release {release} was refused for lack of budget after its first "
+              f"releases (they are charged); nothing to write", file=sys.stderr)
+        return EXIT_REFUSED
+    with report.atomic_directory(args.output, args.overwrite) as out:
+        for name, text in output["files"].items():
+            with open(os.path.join(out, name), "w") as f:
+                f.write(text)
+    print(f"release {release} was already committed: wrote its output to {args.output} again; "
+          f"nothing was charged or trained")
+    return 0
+
+
+def _train_and_write(api, args, beam_args, options, validation_files, release, ledger=None,
+                     gate=None) -> int:
+    from beam_dp import data, report
+    from beam_dp.algorithms.base import JobLimitReached
+
+    if args.checkpoint_dir and os.path.exists(os.path.join(args.checkpoint_dir, "state.npz")):
+        print(f"beam-dp: resuming from the checkpoint in {args.checkpoint_dir}", file=sys.stderr)
+    try:
+        with warnings.catch_warnings():   # printed below as one line, not as Python's warning
+            warnings.simplefilter("ignore", api.PrivacyWarning)
+            model = _train_model(api, args, beam_args, options, gate)
+    except JobLimitReached:
+        print(f"beam-dp: stopped after {args.max_jobs} job(s) (--max-jobs); the state is in "
+              f"{args.checkpoint_dir}: run the same command again to go on", file=sys.stderr)
+        return EXIT_MORE_JOBS
     for warning in model.privacy_report.get("warnings", []):
         print(f"beam-dp: warning: {warning}", file=sys.stderr)
+    model.privacy_report["release_id"] = release
+    if ledger is not None:
+        model.privacy_report["ledger"] = {"dataset_id": args.dataset_id,
+                                          "partitions": args.partition or []}
     metrics = None
     if validation_files:
         open_file = data.open_local if args.runner == "local" else _beam_open_file()
@@ -479,17 +621,22 @@ def _train(args, beam_args: list[str]) -> int:
         metrics["covered_by_privacy_guarantee"] = False
         metrics["note"] = "computed on the validation data without noise; not differentially private"
     _stop_if_interrupted()
+    files = {"model.json": report.json_text(model.artifact),
+             "privacy_report.json": report.json_text(model.privacy_report)}
+    if metrics is not None:
+        files["metrics.json"] = report.json_text(metrics)
+    if ledger is not None:   # committed before the first output byte: a rerun writes these
+        ledger.commit(release, {"files": files})
     with report.atomic_directory(args.output, args.overwrite) as out:
-        report.write_json(out, "model.json", model.artifact)
-        report.write_json(out, "privacy_report.json", model.privacy_report)
-        if metrics is not None:
-            report.write_json(out, "metrics.json", metrics)
+        for name, text in files.items():
+            with open(os.path.join(out, name), "w") as f:
+                f.write(text)
     print(f"trained {args.model} with {args.algorithm}: epsilon={model.epsilon:.4g}, "
           f"delta={args.delta:g}; wrote {args.output}")
     return 0
 
 
-def _train_model(api, args, beam_args, options):
+def _train_model(api, args, beam_args, options, gate=None):
     return api.train(
         input=args.input, algorithm=args.algorithm, model=args.model, epsilon=args.epsilon,
         delta=args.delta, noise_multiplier=args.noise_multiplier, accountant=args.accountant,
@@ -498,7 +645,8 @@ def _train_model(api, args, beam_args, options):
         fit_intercept=args.fit_intercept, label_column=args.label_column,
         feature_columns=args.feature_columns, runner=args.runner, pipeline_args=beam_args,
         batch_rows=args.batch_rows, seed=args.seed, steps_per_job=args.steps_per_job,
-        checkpoint_dir=args.checkpoint_dir, progress=_progress_callback(), **options)
+        checkpoint_dir=args.checkpoint_dir, progress=_progress_callback(),
+        warm_start=args.warm_start, max_jobs=args.max_jobs, budget_gate=gate, **options)
 
 
 def _beam_open_file():

@@ -262,7 +262,11 @@ def check_output_file(path: str, overwrite: bool) -> None:
         raise _refuse(path, "is not a predictions file beam-dp wrote")
 
 
+def json_text(value: dict) -> str:
+    """The text of an output JSON file."""
+    return json.dumps(value, indent=2, sort_keys=False) + "\n"
+
+
 def write_json(directory: str, name: str, value: dict) -> None:
     with open(os.path.join(directory, name), "w") as f:
-        json.dump(value, f, indent=2, sort_keys=False)
-        f.write("\n")
+        f.write(json_text(value))

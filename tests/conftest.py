@@ -95,6 +95,13 @@ def read_json(path) -> dict:
         return json.load(f)
 
 
+def checkpoint_state(directory) -> str:
+    """The state file of the one run checkpointed under ``--checkpoint-dir directory`` (each
+    release has its own subdirectory, named by its release id)."""
+    (release,) = [d for d in os.listdir(directory) if d.startswith("r-")]
+    return os.path.join(directory, release, "state.npz")
+
+
 def model_theta(output_dir) -> np.ndarray:
     """Coefficients and intercept of a trained model as one flat vector."""
     artifact = read_json(os.path.join(output_dir, "model.json"))

@@ -28,7 +28,7 @@ from scipy.special import expit
 
 from beam_dp import cli as cli_mod
 from beam_dp import losses, report, synthetic
-from conftest import SMALL_N, model_theta, read_json
+from conftest import SMALL_N, checkpoint_state, model_theta, read_json
 
 BEAM_DP = os.path.join(os.path.dirname(sys.executable), "beam-dp")
 BEAM = ["--runner", "FnApiRunner"]
@@ -434,7 +434,7 @@ def test_checkpoint_resume_of_a_finished_run(tmp_path, cli, small_binary, monkey
     ckpt = tmp_path / "ckpt"
     args = [*LOCAL, *FAST, "--seed", 5, "--checkpoint-dir", ckpt]
     assert cli(*train_args(small_binary, tmp_path / "first", *args)).code == 0
-    with np.load(ckpt / "state.npz") as z:
+    with np.load(checkpoint_state(ckpt)) as z:
         assert int(z["step"]) == 5
         plan = json.loads(str(z["plan"]))
     first_report = read_json(tmp_path / "first" / "privacy_report.json")
@@ -470,7 +470,7 @@ def test_checkpoint_resume_after_an_interruption(tmp_path, cli, small_binary, mo
     (line,) = r.err.splitlines()   # one line, no traceback
     assert "interrupted" in line and "rerun the same command to resume" in line and str(ckpt) in line
     assert not (tmp_path / "out").exists()
-    with np.load(ckpt / "state.npz") as z:
+    with np.load(checkpoint_state(ckpt)) as z:
         assert int(z["step"]) == 2
     monkeypatch.undo()
 
@@ -484,15 +484,17 @@ def test_checkpoint_resume_after_an_interruption(tmp_path, cli, small_binary, mo
     assert resumed["epsilon"] == pytest.approx(clean["epsilon"], rel=1e-12)
 
 
-def test_checkpoint_of_another_configuration_is_refused(tmp_path, cli, small_binary):
+def test_checkpoint_of_another_configuration_starts_afresh(tmp_path, cli, small_binary):
+    """Checkpoints are kept per release (settings, input snapshot, code): other settings in the
+    same --checkpoint-dir are another run, trained from scratch, not the old one resumed."""
     ckpt = tmp_path / "ckpt"
     base = [*LOCAL, "--noise-multiplier", "1.2", "--steps-per-job", "2", "--algorithm",
             "dpsgd", "--batch-size", "300", "--seed", "5", "--checkpoint-dir", ckpt]
     assert cli(*train_args(small_binary, tmp_path / "a", *base, "--steps", 2)).code == 0
     r = cli(*train_args(small_binary, tmp_path / "b", *base, "--steps", 3))
-    assert r.code == 2
-    assert "different configuration" in r.err and str(ckpt) in r.err
-    assert not (tmp_path / "b").exists()
+    assert r.code == 0 and "resuming" not in r.err
+    assert len(os.listdir(ckpt)) == 2
+    assert read_json(tmp_path / "b" / "privacy_report.json")["steps"] == 3
 
 
 # -------------------------------------------------------------------------------- h. seeds
@@ -637,12 +639,14 @@ def test_a_file_reached_twice_is_read_once(tmp_path, small_binary):
     assert files == sorted(os.path.realpath(f) for f in small_binary["train_files"])
 
 
-def test_checkpoint_of_another_input_is_refused(tmp_path, cli, small_binary):
-    """A checkpoint records the (public) input it was written for: resuming it over other files
-    would silently return the old model and report the old noisy count (new-user trial)."""
+def test_checkpoint_of_another_input_starts_afresh(tmp_path, cli, small_binary):
+    """A checkpoint belongs to the release of its input snapshot: the same --checkpoint-dir over
+    other files trains them, rather than return the old model and its old noisy count
+    (new-user trial)."""
     ckpt = tmp_path / "ckpt"
     args = [*LOCAL, *FAST, "--seed", 5, "--checkpoint-dir", ckpt]
     assert cli(*train_args(small_binary, tmp_path / "a", *args)).code == 0
     r = cli("train", "--input", small_binary["validation_glob"], "--output", tmp_path / "b", *args)
-    assert r.code == 2 and "different configuration" in r.err, r
-    assert not (tmp_path / "b").exists()
+    assert r.code == 0 and "resuming" not in r.err, r
+    assert len(os.listdir(ckpt)) == 2
+    assert not np.array_equal(model_theta(tmp_path / "a"), model_theta(tmp_path / "b"))

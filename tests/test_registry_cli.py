@@ -606,9 +606,9 @@ def test_ctrl_c_is_one_line_exit_130_and_no_output(run, tmp_path, shards, monkey
             "--checkpoint-dir", checkpoints, *LOCAL)
     assert r.code == 130
     (line,) = r.err.strip().splitlines()
-    # Interrupted before the first chunk: nothing was saved, so no resume is promised (with a
-    # saved state the line says how to resume: test_cli's checkpoint tests).
-    assert "resume" not in line
+    # Interrupted in the first chunk: the plan (the noisy count, the noise) was saved before it,
+    # so the line says how to resume from there.
+    assert "rerun the same command to resume from" in line and str(checkpoints) in line
 
 
 def test_ctrl_c_during_predict(run, tmp_path, shards, trained, monkeypatch):

@@ -80,6 +80,12 @@ class Aggregator(Protocol):
     def close(self) -> None: ...
 
 
+class JobLimitReached(Exception):
+    """The run launched as many jobs as it was allowed (``max_jobs``, --max-jobs): its state is
+    checkpointed; the same command again goes on from there (a Flex Template's launcher, or any
+    orchestrator that runs one job per invocation)."""
+
+
 def save_checkpoint(directory: str, state: TrainState, config: dict, plan: dict) -> None:
     """Writes the state and the public plan atomically (temporary file, then rename)."""
     os.makedirs(directory, exist_ok=True)

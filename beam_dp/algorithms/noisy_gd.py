@@ -189,10 +189,11 @@ def release_dataset_size(config: NoisyGDConfig, aggregator: Aggregator, seed: in
         return {"source": "public (--num-examples)", "value": int(config.num_examples)}
     count_epsilon = config.count_epsilon or (COUNT_SHARE * config.epsilon if config.epsilon else 0.01)
     scale = 1.0 / count_epsilon
-    noisy = aggregator.count() + mechanisms.laplace_noise(
-        mechanisms.rng(seed, mechanisms.STREAM_COUNT), scale)
+    # Recorded (admitted by a budget ledger across runs, if any) before the count is made.
     ledger.record("laplace_count", accounting.laplace_count_event(count_epsilon),
                   epsilon=count_epsilon, sensitivity=1)
+    noisy = aggregator.count() + mechanisms.laplace_noise(
+        mechanisms.rng(seed, mechanisms.STREAM_COUNT), scale)
     return {"source": "private estimate: Laplace count", "value": max(1, int(round(noisy))),
             "count_epsilon": count_epsilon, "laplace_scale": scale,
             "error_bound_95": scale * math.log(20.0),
@@ -206,8 +207,10 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
           preprocess: Callable[[int], dict] | None = None,
           make_transform: Callable[[dict], Callable] | None = None,
           clip_norm_from: Callable[[dict], float] | None = None,
-          checkpoint_key: dict | None = None) -> TrainResult:
-    """Trains a GLM with DP-SGD or DP-GD over ``dim`` model features.
+          checkpoint_key: dict | None = None,
+          initial_theta: np.ndarray | None = None) -> TrainResult:
+    """Trains a GLM with DP-SGD or DP-GD over ``dim`` model features, from ``initial_theta``
+    (a released model's coefficients: public) or zeros.
 
     ``preprocess(n)``, if given, makes private releases (recorded in the ledger) before training
     and returns them as a dict of public values; ``make_transform(preprocessing)`` turns them into
@@ -228,6 +231,11 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
             ledger.record(r["name"], accounting.event_from_json(r["event"]), r["count"], **r["params"])
     else:
         state = TrainState.zeros(loss.outputs(), dim)
+        if initial_theta is not None:
+            if np.shape(initial_theta) != state.theta.shape:
+                raise ValueError(f"the warm-start model has coefficients of shape "
+                                 f"{np.shape(initial_theta)}, this run {state.theta.shape}")
+            state.theta = np.array(initial_theta, dtype=np.float64)
         dataset_size = release_dataset_size(config, aggregator, seed, ledger)
         preprocessing = preprocess(dataset_size["value"]) if preprocess else {}
         plan = _plan(config, dataset_size, ledger, dim)
@@ -243,6 +251,7 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
     # The whole run's event, for a cheap progress epsilon (one PLD per run, not one per chunk).
     planned = ledger.event_after(_step_release_name(q), step_event, total_steps - state.step,
                                  **step_params)
+    ledger.admit(planned)   # the steps are recorded after each chunk: admitted before the first
 
     step_fn = NoisyGradientStep(
         loss=loss, clip_norm=clip_norm, noise_std=sigma * clip_norm,
@@ -257,6 +266,8 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
             save_checkpoint(checkpoint_dir, new_state, public_config, plan)
         on_progress(new_state.step, total_steps, ledger.progress_epsilon(config.delta, planned))
 
+    if checkpoint_dir and resumed is None:   # the plan (its count and noise) before any job
+        save_checkpoint(checkpoint_dir, state, public_config, plan)
     on_progress(state.step, total_steps, ledger.progress_epsilon(config.delta, planned))
     state = run_chunks(aggregator, step_fn, state, total_steps, config.steps_per_chunk, after_chunk,
                        plan if checkpoint_dir else None, keep_batches=bool(checkpoint_dir))
@@ -376,7 +387,8 @@ def _train_noisy(name: str, options, problem: Problem, aggregator, seed: int, le
     result = train(config, problem.loss, problem.dim, aggregator, seed, ledger, progress,
                    problem.checkpoint_dir,
                    make_transform=(lambda pre: normalize) if normalize else None,
-                   checkpoint_key={"input": problem.source, "seed_fixed": problem.seed_fixed})
+                   checkpoint_key={"input": problem.source, "seed_fixed": problem.seed_fixed},
+                   initial_theta=problem.initial_theta)
     return dataclasses.replace(result, feature_transform=features.spec(normalize))
 
 
@@ -391,8 +403,8 @@ def _train_dpsgd(options, problem, aggregator, seed, ledger, progress):
 DPGD = Algorithm(
     "dpgd", "classification or regression on up to a few million rows: full-batch noisy "
             "gradient descent; accurate at small epsilon, each step reads all the data",
-    MODEL_NAMES, DpgdOptions, _train_dpgd)
+    MODEL_NAMES, DpgdOptions, _train_dpgd, warm_start=True)
 DPSGD = Algorithm(
     "dpsgd", "large data where a full pass per step is too slow: Poisson-sampled mini-batches, "
              "each step reads only its batch; needs more tuning than dpgd",
-    MODEL_NAMES, DpsgdOptions, _train_dpsgd)
+    MODEL_NAMES, DpsgdOptions, _train_dpsgd, warm_start=True)

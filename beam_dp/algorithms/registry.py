@@ -174,6 +174,9 @@ class Problem:
     # Whether the run's seed was fixed (--seed): part of a checkpoint's configuration, so that a
     # run resumed with a secure seed cannot report as secure what a fixed one drew.
     seed_fixed: bool = False
+    # A previous released model's coefficients to start from (--warm-start): post-processing of
+    # an earlier release, public; None: zeros.
+    initial_theta: "np.ndarray | None" = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,6 +188,7 @@ class Algorithm:
     train: Callable               # (options, problem, aggregator, seed, ledger, progress) -> TrainResult
     relation: str = accounting.ADD_REMOVE
     checkpoints: bool = True      # supports --checkpoint-dir (resuming between chunks)
+    warm_start: bool = False      # supports --warm-start (starts from a released model)
     no_intercept: bool = True     # can fit a model without an intercept
 
     def check(self, problem: Problem) -> None:

@@ -35,7 +35,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.utils.shared import Shared
 
 from beam_dp import batches, data
-from beam_dp.algorithms.base import Stage
+from beam_dp.algorithms.base import JobLimitReached, Stage
 from beam_dp.beam.batches import WriteStepBatches
 from beam_dp.beam.cache import ShardCache
 from beam_dp.beam.transforms import (FILE_OPENS, METRICS_NAMESPACE, ReadShards, RunStages,
@@ -168,6 +168,7 @@ class BeamAggregator:
         self.temp_root = temp or tempfile.gettempdir()
         self._work_dir = work_dir
         self.jobs: list[dict] = []
+        self.max_jobs: int | None = None   # JobLimitReached before launching one more
         self._steps_per_job: dict[int, tuple] = {}
         self.make_runner = make_runner
 
@@ -217,6 +218,8 @@ class BeamAggregator:
         return p
 
     def _run(self, kind: str, pipeline: beam.Pipeline, steps: int = 0) -> None:
+        if self.max_jobs is not None and len(self.jobs) >= self.max_jobs:
+            raise JobLimitReached(f"{len(self.jobs)} job(s) launched, the most allowed (--max-jobs)")
         start = time.perf_counter()
         result = None
         try:

@@ -1,0 +1,159 @@
+"""deploy/airflow's DAG, run for real by Airflow: a virtualenv with apache-airflow from PyPI
+(Airflow's dependencies conflict with Beam's, so it cannot share the project's), a migrated
+SQLite metadata database, and `dag.test()` for each date, the task running the project's
+`beam-dp` executable on that date's Parquet partition.
+
+Dates 1-3 train (each from the model of the date before, in two or more runs of the command:
+--max-jobs 1 makes it exit 75 until done), date 1 again (same release: nothing charged, the
+same output bytes), then date 4, whose partition budget is too small: refused, the task failed
+without retries, with beam-dp's message naming the dataset, the partition and what remains.
+
+The virtualenv is kept in .airflow-venv/ (gitignored) and reused while complete; from a clean
+checkout, as in CI, it is made again (about a minute, pip's cache helping).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+AIRFLOW = "apache-airflow==3.3.*"
+VENV = REPO / ".airflow-venv"
+BIN = Path(sys.executable).parent   # the project's venv: beam-dp
+DATASET = "events"
+DATES = ["2026-03-01", "2026-03-02", "2026-03-03", "2026-03-04"]
+TRAIN_ARGS = "--epsilon 1 --delta 1e-6 --algorithm dpgd --steps 4 --steps-per-job 2 --max-jobs 1"
+
+# Run with the Airflow venv's Python: loads the DAG folder and runs dag.test for each date given,
+# printing one JSON line per run with the task's state, tries and return value (its XCom).
+DRIVER = r'''
+import datetime, json, sys
+from airflow.models.dagbag import DagBag
+from airflow.models.xcom import XComModel
+from airflow.utils.session import create_session
+from sqlalchemy import select
+
+bag = DagBag()
+print("IMPORT_ERRORS " + json.dumps(bag.import_errors), flush=True)
+dag = bag.get_dag("beam_dp_daily")
+for day in sys.argv[1:]:
+    logical = datetime.datetime.fromisoformat(day).replace(tzinfo=datetime.timezone.utc)
+    run = dag.test(logical_date=logical)
+    (ti,) = run.get_task_instances()
+    with create_session() as session:
+        xcom = session.scalars(select(XComModel).where(
+            XComModel.dag_id == dag.dag_id, XComModel.run_id == run.run_id,
+            XComModel.key == "return_value")).first()
+    print("RESULT " + json.dumps({"date": day, "run_state": str(run.state), "state": str(ti.state),
+                                  "try_number": ti.try_number, "run_id": run.run_id,
+                                  "value": xcom.value if xcom else None}), flush=True)
+'''
+
+
+def _airflow_python() -> Path:
+    """The Airflow virtualenv's Python, made if absent or incomplete (marker written last)."""
+    python, marker = VENV / "bin" / "python", VENV / ".complete"
+    if marker.exists() and marker.read_text() == AIRFLOW and python.exists():
+        return python
+    subprocess.run(["rm", "-rf", str(VENV)], check=True)
+    # The base interpreter, not this venv's packages: Airflow must not see Beam's.
+    subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True, timeout=120)
+    install = subprocess.run([str(python), "-m", "pip", "install", "--quiet", AIRFLOW],
+                             capture_output=True, text=True, timeout=900)
+    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+    marker.write_text(AIRFLOW)
+    return python
+
+
+def _beam_dp(*argv) -> str:
+    result = subprocess.run([str(BIN / "beam-dp"), *map(str, argv)], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result
+    return result.stdout
+
+
+def _tree(directory: Path) -> dict[str, bytes]:
+    return {p.relative_to(directory).as_posix(): p.read_bytes()
+            for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+def test_daily_dag_trains_each_partition_once_and_refuses_an_exhausted_one(tmp_path):
+    python = _airflow_python()
+    data, out, ckpt = tmp_path / "data", tmp_path / "models", tmp_path / "checkpoints"
+    ledger = tmp_path / "ledger.sqlite"
+    for seed, day in enumerate(DATES):
+        _beam_dp("make-data", "--output", data / day, "--n", 3000, "--d", 5, "--validation-n", 0,
+                 "--shards", 2, "--seed", seed)
+        # Room for one run at epsilon 1 on dates 1-3 (whatever the composition's slack); date 4
+        # cannot afford one.
+        _beam_dp("ledger", "budget", "--ledger", ledger, "--dataset-id", DATASET,
+                 "--partition", day, "--epsilon", 3 if day != DATES[3] else 0.2, "--delta", 1e-5)
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "VIRTUAL_ENV"))}
+    env.update(
+        AIRFLOW_HOME=str(tmp_path / "airflow"),
+        AIRFLOW__CORE__DAGS_FOLDER=str(REPO / "deploy" / "airflow"),
+        AIRFLOW__CORE__LOAD_EXAMPLES="False",
+        BEAM_DP_EXECUTABLE=str(BIN / "beam-dp"), BEAM_DP_LEDGER=str(ledger),
+        BEAM_DP_DATASET_ID=DATASET, BEAM_DP_DATA_ROOT=str(data), BEAM_DP_OUTPUT_ROOT=str(out),
+        BEAM_DP_CHECKPOINT_ROOT=str(ckpt), BEAM_DP_TRAIN_ARGS=TRAIN_ARGS)
+    migrate = subprocess.run([str(python), "-m", "airflow", "db", "migrate"], env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert migrate.returncode == 0, migrate.stdout[-3000:] + migrate.stderr[-3000:]
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+
+    def run_dag(*dates) -> tuple[list[dict], str]:
+        result = subprocess.run([str(python), str(driver), *dates], env=env, capture_output=True,
+                                text=True, timeout=600)
+        log = result.stdout + result.stderr
+        assert result.returncode == 0, log[-5000:]
+        (errors,) = [l for l in result.stdout.splitlines() if l.startswith("IMPORT_ERRORS ")]
+        assert json.loads(errors.split(" ", 1)[1]) == {}, errors
+        return ([json.loads(l.split(" ", 1)[1]) for l in result.stdout.splitlines()
+                 if l.startswith("RESULT ")], log)
+
+    first, log = run_dag(*DATES[:3])
+    assert [(r["date"], r["state"]) for r in first] == [(d, "success") for d in DATES[:3]], log[-5000:]
+    values = [r["value"] for r in first]
+    assert [v["warm_start"] for v in values] == [None, str(out / DATES[0]), str(out / DATES[1])]
+    assert all(v["runs"] >= 2 for v in values)   # exit 75, then the same command again
+    first_output = _tree(out / DATES[0])
+    assert "model.json" in first_output
+
+    (again,), log = run_dag(DATES[0])
+    assert again["state"] == "success", log[-5000:]
+    assert again["value"]["warm_start"] is None and again["value"]["runs"] == 1
+    assert _tree(out / DATES[0]) == first_output   # the stored release, byte for byte
+
+    (refused,), log = run_dag(DATES[3])
+    assert (refused["state"], refused["try_number"]) == ("failed", 1), log[-5000:]
+    (message,) = {l.strip() for l in log.splitlines() if "beam-dp exited with code 3" in l}
+    assert DATASET in message and DATES[3] in message and "remaining" in message.lower(), message
+    assert not (out / DATES[3]).exists()
+
+    # Four successful task runs made three charges: the rerun charged nothing, date 4 nothing.
+    shown = _beam_dp("ledger", "show", "--ledger", ledger, "--dataset-id", DATASET)
+    committed = [c for c in _charges(shown) if c["status"] == "committed"]
+    assert sorted(c["partitions"] for c in committed) == DATES[:3], shown
+    assert all("airflow_dag_id=beam_dp_daily" in c["orchestrator"] for c in committed), shown
+
+
+def _charges(shown: str) -> list[dict[str, str]]:
+    """The rows of `beam-dp ledger show`'s charges table (columns apart by 2+ spaces)."""
+    lines = shown.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("charges"))
+    header = re.split(r"\s{2,}", lines[start + 1].strip())
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.strip() or line.strip() == "(none)":
+            break
+        rows.append(dict(zip(header, re.split(r"\s{2,}", line.strip()))))
+    return rows

@@ -1,0 +1,179 @@
+"""`beam-dp train` with a budget ledger across runs (issue 11): release ids, idempotent reruns,
+refusals, checkpoints keyed by release, --max-jobs, kill -9 and resume, --warm-start.
+
+Real components: the CLI in this process or as a subprocess, a SQLite ledger file, Beam's
+in-process runner for the multi-job runs (the PostgreSQL store is tested in test_ledger.py)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from beam_dp import cli
+from beam_dp.ledger import core
+
+BEAM = ["--runner", "FnApiRunner"]
+
+
+@pytest.fixture
+def data(tmp_path):
+    assert cli.main(["make-data", "--output", str(tmp_path / "data"), "--n", "3000", "--d", "4",
+                     "--validation-n", "0"]) == 0
+    return str(tmp_path / "data" / "train-*.parquet")
+
+
+def _ledger(tmp_path, epsilon=3.0, partition=None):
+    path = str(tmp_path / "budget.db")
+    flags = ["--partition", partition] if partition else []
+    assert cli.main(["ledger", "budget", "--ledger", path, "--dataset-id", "ds", "--epsilon",
+                     str(epsilon), "--delta", "1e-5", *flags]) == 0
+    return path
+
+
+def _train(data, out, ledger, *flags):
+    return cli.main(["train", "--input", data, "--output", str(out), "--runner", "local",
+                     "--epsilon", "1", "--ledger", ledger, "--dataset-id", "ds", *flags])
+
+
+def _charges(ledger):
+    with core.open_ledger(ledger) as l:
+        return l.charges("ds")
+
+
+def _files(directory):
+    return {name: open(os.path.join(directory, name), "rb").read()
+            for name in sorted(os.listdir(directory)) if not name.startswith(".")}
+
+
+def test_a_rerun_of_a_release_returns_its_output_and_charges_nothing(tmp_path, data, capsys):
+    ledger = _ledger(tmp_path)
+    assert _train(data, tmp_path / "a", ledger) == 0
+    assert _train(data, tmp_path / "b", ledger) == 0       # a retry, into another directory
+    assert "already committed" in capsys.readouterr().out
+    charges = _charges(ledger)
+    assert [c.status for c in charges] == ["committed"]
+    assert _files(tmp_path / "a") == _files(tmp_path / "b")
+    report = json.loads(_files(tmp_path / "a")["privacy_report.json"])
+    assert report["release_id"] == charges[0].release_id
+    # New input (a file rewritten: another snapshot) is a new release, charged again.
+    first = sorted(f for f in os.listdir(tmp_path / "data") if f.endswith(".parquet"))[0]
+    os.utime(tmp_path / "data" / first, ns=(0, 10**9))
+    assert _train(data, tmp_path / "c", ledger) == 0
+    assert [c.status for c in _charges(ledger)] == ["committed"] * 2
+
+
+def test_refused_before_reading_data_charges_nothing(tmp_path, data, capsys):
+    ledger = _ledger(tmp_path, epsilon=0.5)
+    assert _train(data, tmp_path / "a", ledger) == cli.EXIT_REFUSED
+    err = capsys.readouterr().err
+    assert "refused before reading any data" in err and "'ds'" in err and "remaining" in err
+    assert _charges(ledger) == [] and not (tmp_path / "a").exists()
+
+
+def test_refused_after_the_count_keeps_the_count_charged(tmp_path, data, capsys):
+    # 1.3 passes the pre-check for epsilon 1 but the filter's reading of the run (RDP with the
+    # delta split over orders) is above 1.3: refused once the plan is known, after the count.
+    ledger = _ledger(tmp_path, epsilon=1.05)
+    assert _train(data, tmp_path / "a", ledger) == cli.EXIT_REFUSED
+    assert "refused: release" in capsys.readouterr().err
+    (charge,) = _charges(ledger)
+    assert charge.status == "committed" and charge.output is None
+    assert charge.event.__class__.__name__ == "ComposedDpEvent"   # the count alone
+    assert _train(data, tmp_path / "a", ledger) == cli.EXIT_REFUSED   # and stays refused
+    assert len(_charges(ledger)) == 1 and not (tmp_path / "a").exists()
+
+
+def test_partitions_have_their_own_budgets(tmp_path, data):
+    ledger = _ledger(tmp_path, epsilon=1.5)
+    for day in ("2026-11-01", "2026-11-02"):
+        assert _train(data, tmp_path / day, ledger, "--partition", day) == 0
+    assert _train(data, tmp_path / "again", ledger, "--partition", "2026-11-01",
+                  "--seed", "1") == cli.EXIT_REFUSED
+    assert sorted(c.partitions[0] for c in _charges(ledger)) == ["2026-11-01", "2026-11-02"]
+
+
+def test_a_checkpoint_dir_pointed_at_new_data_does_not_return_the_old_model(tmp_path, data):
+    ck = str(tmp_path / "ck")
+    base = ["train", "--runner", "local", "--epsilon", "1", "--seed", "3", "--checkpoint-dir", ck]
+    assert cli.main(base + ["--input", data, "--output", str(tmp_path / "a")]) == 0
+    other = tmp_path / "other"
+    assert cli.main(["make-data", "--output", str(other), "--n", "3000", "--d", "4",
+                     "--validation-n", "0", "--seed", "9"]) == 0
+    assert cli.main(base + ["--input", str(other / "train-*.parquet"),
+                            "--output", str(tmp_path / "b")]) == 0
+    a, b = (json.loads(_files(tmp_path / x)["model.json"]) for x in "ab")
+    assert a["coefficients"] != b["coefficients"] and len(os.listdir(ck)) == 2
+
+
+def _beam_flags(ck):
+    return ["--runner", "FnApiRunner", "--seed", "5", "--max-steps", "12", "--steps-per-job",
+            "3", "--checkpoint-dir", ck]
+
+
+def test_max_jobs_stops_and_the_same_command_goes_on(tmp_path, data):
+    ledger = _ledger(tmp_path)
+    whole = tmp_path / "whole"
+    assert cli.main(["train", "--input", data, "--output", str(whole), "--epsilon", "1",
+                     *_beam_flags(str(tmp_path / "ck0"))]) == 0
+    command = ["train", "--input", data, "--output", str(tmp_path / "out"), "--epsilon", "1",
+               "--ledger", ledger, "--dataset-id", "ds", "--max-jobs", "2",
+               *_beam_flags(str(tmp_path / "ck"))]
+    codes = [cli.main(command)]
+    while codes[-1] == cli.EXIT_MORE_JOBS and len(codes) < 10:
+        codes.append(cli.main(command))
+    assert codes[-1] == 0 and len(codes) >= 2, codes
+    assert json.loads(_files(tmp_path / "out")["model.json"])["coefficients"] == \
+        json.loads(_files(whole)["model.json"])["coefficients"]
+    assert [c.status for c in _charges(ledger)] == ["committed"]
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_driver_then_the_same_command_gives_the_uninterrupted_model(tmp_path, data):
+    ledger = _ledger(tmp_path)
+    whole = tmp_path / "whole"
+    assert cli.main(["train", "--input", data, "--output", str(whole), "--epsilon", "1",
+                     *_beam_flags(str(tmp_path / "ck0"))]) == 0
+    ck = tmp_path / "ck"
+    command = [os.path.join(os.path.dirname(sys.executable), "beam-dp"), "train", "--input", data, "--output",
+               str(tmp_path / "out"), "--epsilon", "1", "--ledger", ledger, "--dataset-id", "ds",
+               *_beam_flags(str(ck))]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    # Killed once a job's checkpoint is written (step 3 of 12) and before the run ends.
+    while time.monotonic() < deadline and proc.poll() is None:
+        states = [os.path.join(ck, d, "state.npz") for d in os.listdir(ck)] if ck.exists() else []
+        if states and os.path.exists(states[0]) and \
+                int(np.load(states[0])["step"]) >= 3:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    (charge,) = _charges(ledger)
+    assert charge.status == "reserved"            # charged once, not committed
+    assert subprocess.run(command, capture_output=True).returncode == 0
+    (charge,) = _charges(ledger)
+    assert charge.status == "committed"
+    assert json.loads(_files(tmp_path / "out")["model.json"])["coefficients"] == \
+        pytest.approx(json.loads(_files(whole)["model.json"])["coefficients"], rel=1e-9)
+
+
+def test_warm_start_from_a_released_model(tmp_path, data):
+    first = tmp_path / "first"
+    assert cli.main(["train", "--input", data, "--output", str(first), "--runner", "local",
+                     "--epsilon", "1", "--seed", "1"]) == 0
+    assert cli.main(["train", "--input", data, "--output", str(tmp_path / "warm"), "--runner",
+                     "local", "--epsilon", "1", "--seed", "1", "--warm-start", str(first)]) == 0
+    a, b = (json.loads(_files(tmp_path / x)["model.json"]) for x in ("first", "warm"))
+    assert a["coefficients"] != b["coefficients"]
+    # A model of other columns does not fit: refused with the reason, nothing written.
+    assert cli.main(["train", "--input", data, "--output", str(tmp_path / "bad"), "--runner",
+                     "local", "--epsilon", "1", "--feature-columns", "f0,f1", "--warm-start",
+                     str(first)]) == 2
+    assert not (tmp_path / "bad").exists()
