@@ -179,7 +179,9 @@ def external_runner(address: str):
 def train_run(algorithm: str, make_aggregator, d: int, options: dict, seed: int) -> dict:
     """A training run as ``beam_dp.train`` makes it (epsilon 1, private count), timed from the
     aggregator's making (the local runner reads the files then), with the accounting caches
-    cleared first; the accounting seconds from ``accounting.STOPWATCH``."""
+    cleared first; the accounting seconds from ``accounting.STOPWATCH``: the driver's time in
+    accounting (the report's PLD, made in a background thread while the job trains, counts only
+    where the driver waits for it)."""
     chosen = registry.get(algorithm)
     problem = registry.Problem(LOSS, d, registry.Privacy(1.0, 1e-5, None, "pld", None, None),
                                True, None, None, {"files": "benchmark"})
