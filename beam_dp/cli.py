@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import os
 import signal
@@ -414,7 +415,7 @@ def _interrupted(args) -> int:
     _INTERRUPTED.set()
     checkpoint = getattr(args, "checkpoint_dir", None)
     resume = (f"; rerun the same command to resume from {checkpoint}"
-              if checkpoint and os.path.exists(os.path.join(checkpoint, "state.npz")) else "")
+              if checkpoint and _checkpoint_exists(checkpoint) else "")
     if resume:
         from beam_dp.beam.aggregator import kept_batch_files
         kept = kept_batch_files(checkpoint)
@@ -423,6 +424,14 @@ def _interrupted(args) -> int:
                        "if you will not resume)")
     print(f"beam-dp: interrupted; no output was written{resume}", file=sys.stderr)
     return 130
+
+
+def _checkpoint_exists(directory: str) -> bool:
+    from beam_dp.algorithms.base import checkpoint_exists
+    try:
+        return checkpoint_exists(directory)
+    except Exception:   # an unreachable remote location: no resume is promised
+        return False
 
 
 def _one_line(e: BaseException) -> str:
@@ -552,10 +561,13 @@ def _train(args, beam_args: list[str]) -> int:
             with ledger.lock(release):
                 charge = ledger.charge(release)
                 if charge is not None and charge.status == core.COMMITTED:
-                    return _write_released(args, release, charge.output)
-                gate = runs.RunCharge(ledger, release, args.dataset_id, args.partition,
-                                      chosen.relation, orchestrator,
-                                      resuming=charge is not None and charge.status == core.RESERVED)
+                    return _write_released(args, release, charge.output, validation_files)
+                from beam_dp.algorithms.base import checkpoint_exists
+                earlier = charge if charge is not None and charge.status == core.RESERVED else None
+                gate = runs.RunCharge(
+                    ledger, release, args.dataset_id, args.partition, chosen.relation,
+                    orchestrator, earlier,
+                    from_checkpoint=bool(args.checkpoint_dir) and checkpoint_exists(args.checkpoint_dir))
                 try:
                     if not gate.reserved:
                         gate.precheck(args.epsilon)
@@ -574,16 +586,21 @@ def _train(args, beam_args: list[str]) -> int:
             return 2
 
 
-def _write_released(args, release: str, output) -> int:
-    """A rerun of a committed release: its stored output, byte for byte; nothing charged."""
-    from beam_dp import report
+def _write_released(args, release: str, output, validation_files) -> int:
+    """A rerun of a committed release: its stored output, byte for byte, and its validation
+    metrics computed again (they are not DP: the ledger does not keep them); nothing charged."""
+    from beam_dp import api, report
 
     if output is None:
         print(f"beam-dp: release {release} was refused for lack of budget after its first "
               f"releases (they are charged); nothing to write", file=sys.stderr)
         return EXIT_REFUSED
+    files = dict(output["files"])
+    if validation_files:
+        model = api.Model(json.loads(files["model.json"]))
+        files["metrics.json"] = report.json_text(_metrics(args, model, validation_files))
     with report.atomic_directory(args.output, args.overwrite) as out:
-        for name, text in output["files"].items():
+        for name, text in files.items():
             with open(os.path.join(out, name), "w") as f:
                 f.write(text)
     print(f"release {release} was already committed: wrote its output to {args.output} again; "
@@ -596,15 +613,18 @@ def _train_and_write(api, args, beam_args, options, validation_files, release, l
     from beam_dp import data, report
     from beam_dp.algorithms.base import JobLimitReached
 
-    if args.checkpoint_dir and os.path.exists(os.path.join(args.checkpoint_dir, "state.npz")):
+    from beam_dp.algorithms.base import checkpoint_exists
+
+    if args.checkpoint_dir and checkpoint_exists(args.checkpoint_dir):
         print(f"beam-dp: resuming from the checkpoint in {args.checkpoint_dir}", file=sys.stderr)
     try:
         with warnings.catch_warnings():   # printed below as one line, not as Python's warning
             warnings.simplefilter("ignore", api.PrivacyWarning)
             model = _train_model(api, args, beam_args, options, gate)
-    except JobLimitReached:
-        print(f"beam-dp: stopped after {args.max_jobs} job(s) (--max-jobs); the state is in "
-              f"{args.checkpoint_dir}: run the same command again to go on", file=sys.stderr)
+    except JobLimitReached as e:
+        where = (f"the state is in {args.checkpoint_dir}: run the same command again to go on"
+                 if args.checkpoint_dir else "nothing was saved (no --checkpoint-dir)")
+        print(f"beam-dp: stopped before the next Beam job ({e}); {where}", file=sys.stderr)
         return EXIT_MORE_JOBS
     for warning in model.privacy_report.get("warnings", []):
         print(f"beam-dp: warning: {warning}", file=sys.stderr)
@@ -612,21 +632,14 @@ def _train_and_write(api, args, beam_args, options, validation_files, release, l
     if ledger is not None:
         model.privacy_report["ledger"] = {"dataset_id": args.dataset_id,
                                           "partitions": args.partition or []}
-    metrics = None
-    if validation_files:
-        open_file = data.open_local if args.runner == "local" else _beam_open_file()
-        blocks = (model.feature_map(b) for f in validation_files for b in data.blocks_from_file(
-            f, args.label_column, model.feature_columns, model.loss, args.batch_rows, open_file))
-        metrics = report.evaluate(model.loss, model.theta, blocks)
-        metrics["covered_by_privacy_guarantee"] = False
-        metrics["note"] = "computed on the validation data without noise; not differentially private"
+    metrics = _metrics(args, model, validation_files) if validation_files else None
     _stop_if_interrupted()
     files = {"model.json": report.json_text(model.artifact),
              "privacy_report.json": report.json_text(model.privacy_report)}
+    if ledger is not None:   # committed before the first output byte: a rerun writes these
+        ledger.commit(release, {"files": files})   # (not the metrics: they are not DP)
     if metrics is not None:
         files["metrics.json"] = report.json_text(metrics)
-    if ledger is not None:   # committed before the first output byte: a rerun writes these
-        ledger.commit(release, {"files": files})
     with report.atomic_directory(args.output, args.overwrite) as out:
         for name, text in files.items():
             with open(os.path.join(out, name), "w") as f:
@@ -634,6 +647,20 @@ def _train_and_write(api, args, beam_args, options, validation_files, release, l
     print(f"trained {args.model} with {args.algorithm}: epsilon={model.epsilon:.4g}, "
           f"delta={args.delta:g}; wrote {args.output}")
     return 0
+
+
+def _metrics(args, model, validation_files) -> dict:
+    """Validation metrics of ``model``: computed without noise, so outside the guarantee (and
+    said so in the file); never kept in the budget ledger."""
+    from beam_dp import data, report
+
+    open_file = data.open_local if args.runner == "local" else _beam_open_file()
+    blocks = (model.feature_map(b) for f in validation_files for b in data.blocks_from_file(
+        f, args.label_column, model.feature_columns, model.loss, args.batch_rows, open_file))
+    metrics = report.evaluate(model.loss, model.theta, blocks)
+    metrics["covered_by_privacy_guarantee"] = False
+    metrics["note"] = "computed on the validation data without noise; not differentially private"
+    return metrics
 
 
 def _train_model(api, args, beam_args, options, gate=None):

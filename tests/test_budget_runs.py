@@ -177,3 +177,40 @@ def test_warm_start_from_a_released_model(tmp_path, data):
                      "local", "--epsilon", "1", "--feature-columns", "f0,f1", "--warm-start",
                      str(first)]) == 2
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_run_is_charged_its_releases_once_and_a_fresh_attempt_on_top(tmp_path, data):
+    """Found in review. Within one attempt the charge is the attempt's releases (the count once,
+    not once per extension); an attempt that starts over without the earlier attempt's
+    checkpoint (another --checkpoint-dir) makes new releases, charged on top of the earlier
+    ones, never hidden under them."""
+    from beam_dp.accounting import _leaf_counts
+
+    ledger = _ledger(tmp_path, epsilon=8.0)
+    command = ["train", "--input", data, "--output", str(tmp_path / "out"), "--epsilon", "1",
+               "--ledger", ledger, "--dataset-id", "ds", "--max-jobs", "1", "--runner",
+               "FnApiRunner", "--max-steps", "12", "--steps-per-job", "3"]
+    assert cli.main(command + ["--checkpoint-dir", str(tmp_path / "ckA")]) == cli.EXIT_MORE_JOBS
+    (first,) = _charges(ledger)
+    laplace = [k for k in _leaf_counts(first.event) if k.startswith("LaplaceDpEvent")]
+    assert sum(_leaf_counts(first.event)[k] for k in laplace) == 1   # the count, once
+    once = first.rdp_on(first.orders)
+    command[command.index("--max-jobs") + 1] = "100"
+    assert cli.main(command + ["--checkpoint-dir", str(tmp_path / "ckB")]) == 0
+    (final,) = _charges(ledger)
+    assert final.status == "committed"
+    assert np.all(final.rdp_on(final.orders) >= 2 * once - 1e-12)   # both attempts charged
+
+
+def test_validation_metrics_are_not_kept_in_the_ledger(tmp_path, capsys):
+    assert cli.main(["make-data", "--output", str(tmp_path / "data"), "--n", "2000", "--d",
+                     "3", "--validation-n", "500"]) == 0
+    ledger = _ledger(tmp_path)
+    flags = ["--validation", str(tmp_path / "data" / "validation-*.parquet")]
+    for out in ("a", "b"):
+        assert _train(str(tmp_path / "data" / "train-*.parquet"), tmp_path / out, ledger,
+                      *flags) == 0
+    (charge,) = _charges(ledger)
+    assert sorted(charge.output["files"]) == ["model.json", "privacy_report.json"]
+    assert _files(tmp_path / "a") == _files(tmp_path / "b")   # metrics computed again, alike
+    assert "metrics.json" in _files(tmp_path / "b")

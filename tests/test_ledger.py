@@ -240,7 +240,12 @@ def test_budget_changes_are_deliberate_and_never_below_what_is_spent(ledger):
         ledger.set_budget("d", spent * 0.9, 1e-6, replace=True)
     ledger.set_budget("d", spent * 1.1, 1e-6, replace=True)
     with pytest.raises(LedgerError, match="below what is spent"):   # a partition's own, too
-        ledger.set_budget("d", spent * 0.5, 1e-6, partition="p")
+        ledger.set_budget("d", spent * 0.5, 1e-6, partition="p", replace=True)
+    # Runs on "p" were admitted under the dataset's default: a budget of its own is a change
+    # of that budget (found in review: it raised a partition's budget without replace=True).
+    with pytest.raises(LedgerError, match="replace=True"):
+        ledger.set_budget("d", 10.0, 1e-6, partition="p")
+    assert ledger.budget("d", "p").epsilon == spent * 1.1
     for bad in [(0.0, 1e-6), (-1.0, 1e-6), (math.inf, 1e-6), (1.0, 0.0), (1.0, 1.0)]:
         with pytest.raises(LedgerError):
             ledger.set_budget("e", *bad)

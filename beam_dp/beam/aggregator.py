@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import logging
 import os
@@ -31,7 +32,7 @@ import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import MetricsFilter
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import PipelineOptions, TestOptions
 from apache_beam.utils.shared import Shared
 
 from beam_dp import batches, data
@@ -89,7 +90,8 @@ def _delete_tree(location: str) -> None:
 def kept_batch_files(checkpoint_dir: str) -> str | None:
     """Where a checkpointed run's batch files wait for its rerun, if they still exist."""
     try:
-        with np.load(os.path.join(checkpoint_dir, "state.npz")) as z:
+        with FileSystems.open(checkpoint_dir.rstrip("/") + "/state.npz") as f, \
+                np.load(io.BytesIO(f.read())) as z:
             location = json.loads(str(z["plan"])).get("batch_files")
     except (OSError, ValueError, KeyError):
         return None
@@ -234,6 +236,12 @@ class BeamAggregator:
             if not isinstance(e, KeyboardInterrupt) and str(e).startswith("KeyboardInterrupt"):
                 raise KeyboardInterrupt from None   # Beam wraps an interrupt of its bundle
             raise
+        if pipeline.options.view_as(TestOptions).dry_run:
+            # DataflowRunner's --dry_run translates the job and returns without running it: no
+            # result will ever come. The run stops there, as after --max-jobs (how a Flex
+            # Template launch is tested offline: tests/test_deploy.py).
+            self.jobs.append({"kind": kind, "steps": steps, "seconds": 0.0, "file_opens": None})
+            raise JobLimitReached("--dry_run: the job was translated, not run")
         self.jobs.append({"kind": kind, "steps": steps, "seconds": time.perf_counter() - start,
                           "file_opens": _counter(result, FILE_OPENS)})
 
@@ -319,5 +327,6 @@ class BeamAggregator:
         removes the work directory."""
         self.cache.acquire(ShardCache).clear()
         if self._work_dir is not None:
-            _delete_tree(self._work_dir)
+            if not self.options.view_as(TestOptions).dry_run:   # a dry run wrote nothing there
+                _delete_tree(self._work_dir)
             self._work_dir = None

@@ -280,12 +280,16 @@ class Ledger:
             if current is not None and (current.epsilon, current.delta) == (epsilon, delta):
                 return current
             where = _where(dataset, partition)
+            charges = self._live_charges(tx, dataset)
+            if current is None and partition is not None and any(
+                    partition in c.keys for c in charges):
+                # Runs were admitted under the dataset's default: that is its budget so far.
+                current = self._own_budget(tx, dataset, None)
             if current is not None and not replace:
                 raise LedgerError(
                     f"{where} already has the budget epsilon={current.epsilon:g}, "
                     f"delta={current.delta:g}; changing a lifetime budget must be deliberate: "
                     f"pass replace=True (beam-dp ledger budget --replace)")
-            charges = self._live_charges(tx, dataset)
             if partition is None:
                 # The default covers the unpartitioned dataset and partitions without a budget.
                 own = {row[0] for row in tx.execute(
@@ -414,31 +418,32 @@ class Ledger:
                     f"run it would be epsilon={_fmt(after)} (Renyi filter, see beam-dp "
                     f"ledger explain)", dataset, key, before, after, budget)
 
-    def extend(self, release_id: str, event: dp_event.DpEvent) -> Charge:
-        """Grows a reserved charge to ``event`` before the run makes more releases: a run
-        reserves what it knows before it reads data (e.g. its dataset-size count) and extends
-        the reservation once its plan is known (the noise calibrated to that count). Admitted
-        by the filter like a reservation, or BudgetExceeded (the charge keeps what it had: that
-        much was released). An ``event`` whose RDP curve is within the charge's at every order
-        (the same plan again, e.g. a resumed run) changes nothing; any other is composed with
-        what is charged, never replaces it: a run that died and starts over is charged for
-        both attempts' releases."""
+    def extend(self, release_id: str, event: dp_event.DpEvent,
+               base: dp_event.DpEvent | None = None) -> Charge:
+        """Grows a reserved charge before the run makes more releases: a run reserves what it
+        knows before it reads data (its dataset-size count) and extends the reservation once its
+        plan is known (the noise calibrated to that count). ``event``: everything this attempt
+        will have released (cumulative); ``base``: what earlier attempts of the release may have
+        released (an attempt that starts over, without their checkpoint: its releases are new),
+        charged on top. The charge becomes ``base`` + ``event`` wherever that is above it (its
+        RDP curve never decreases), admitted by the filter like a reservation, or
+        BudgetExceeded (the charge keeps what it had: that much was released)."""
         with self._store.transaction(self._dataset_of(release_id)) as tx:
             charge = self._existing(tx, release_id)
             if charge.status != RESERVED:
                 raise LedgerError(f"release {release_id!r} is {charge.status}, not reserved: "
                                   f"only a reserved charge can grow")
-            rdp = rdp_filter.rdp_curve(event, charge.neighbouring)
+            wanted = event if base is None else dp_event.ComposedDpEvent([base, event])
+            rdp = rdp_filter.rdp_curve(wanted, charge.neighbouring)
             current = charge.rdp_on(rdp_filter.ORDERS)
             if np.all(rdp <= current):
                 return charge
-            grown = dp_event.ComposedDpEvent([charge.event, event])
-            total = current + rdp
+            total = np.maximum(current, rdp)
             others = [c for c in self._live_charges(tx, charge.dataset)
                       if c.release_id != release_id]
             self._admit(tx, release_id, charge.dataset, charge.partitions, others, total)
             tx.execute("UPDATE charges SET event = ?, rdp = ?, orders = ? WHERE release_id = ? "
-                       "AND status = ?", (events.event_to_json(grown), json.dumps(total.tolist()),
+                       "AND status = ?", (events.event_to_json(wanted), json.dumps(total.tolist()),
                                           json.dumps(list(rdp_filter.ORDERS)), release_id,
                                           RESERVED))
             return self._charge(tx, release_id)

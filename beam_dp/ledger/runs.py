@@ -52,17 +52,23 @@ def release_id(configuration: dict, snapshot: list[dict], version: str) -> str:
 
 
 class RunCharge:
-    """The gate of one run (``accounting.Ledger(gate=...)``): the first call reserves the
-    releases planned so far, later ones extend the reservation (``core.Ledger.extend``); a
-    run resuming a reserved charge only extends it (what it plans again is already charged).
-    BudgetExceeded propagates: the run stops before releasing more."""
+    """The gate of one attempt of a run (``accounting.Ledger(gate=...)``), called with
+    everything the attempt will have released (cumulative): the first call reserves it, later
+    ones extend the reservation (``core.Ledger.extend``). ``earlier``: the charge of earlier
+    attempts (reserved, not committed), or None. An attempt that resumes their checkpoint
+    (``from_checkpoint``) continues their releases: what it plans again is already charged. One
+    that starts over (no checkpoint: another --checkpoint-dir, or it died before the first) makes
+    new releases, charged on top of theirs. BudgetExceeded propagates: the run stops before
+    releasing more."""
 
     def __init__(self, ledger: core.Ledger, release: str, dataset: str, partitions,
-                 neighbouring: str, orchestrator: dict, resuming: bool):
+                 neighbouring: str, orchestrator: dict, earlier: core.Charge | None = None,
+                 from_checkpoint: bool = False):
         self.ledger, self.release = ledger, release
         self.dataset, self.partitions = dataset, partitions
         self.neighbouring, self.orchestrator = neighbouring, orchestrator
-        self.reserved = resuming
+        self.reserved = earlier is not None
+        self.base = None if earlier is None or from_checkpoint else earlier.event
 
     def precheck(self, epsilon: float | None) -> None:
         """Before the run reads any data: refuses it, charging nothing, if a partition it reads
@@ -91,7 +97,7 @@ class RunCharge:
 
     def __call__(self, event) -> None:
         if self.reserved:
-            self.ledger.extend(self.release, event)
+            self.ledger.extend(self.release, event, self.base)
             return
         reservation = self.ledger.reserve(self.release, self.dataset, self.partitions, event,
                                           self.neighbouring, self.orchestrator)
