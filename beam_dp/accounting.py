@@ -763,7 +763,7 @@ def calibrate_noise_multiplier(make_event: Callable[[float], events.DpEvent], ep
                                delta: float, accountant: str = "pld",
                                neighbouring: str = ADD_REMOVE,
                                lower: float = MIN_PARAMETER, guess: float = 1.0,
-                               upper: float | None = None) -> float:
+                               upper: float | None = None, slope: float | None = None) -> float:
     """The smallest parameter, within CALIBRATION_TOLERANCE, whose event meets (epsilon, delta)
     by ``accountant``, for events whose epsilon falls as the parameter grows (a noise
     multiplier, or any inverse budget scale): its epsilon is at most the target and at least
@@ -794,8 +794,12 @@ def calibrate_noise_multiplier(make_event: Callable[[float], events.DpEvent], ep
             return epsilon_of(make_event(parameter), delta, accountant, neighbouring)
         return _probe_epsilon(make_event(parameter), delta, neighbouring, epsilon)[0]
 
-    key = (_event_key(make_event(guess)), _event_key(make_event(2.0 * guess)), epsilon, delta,
-           accountant, neighbouring, lower, upper)
+    # The family make_event stands for, by its events at two fixed parameters (not at the guess:
+    # s -> Gaussian(s / 10) at 37.6 and s -> Gaussian(s / sqrt(12)) at 13.0, each problem's
+    # guess, are the same event, and the second problem got the first one's answer), and the
+    # search's starting point, on which the answer within the tolerance depends.
+    key = (_event_key(make_event(1.0)), _event_key(make_event(2.0)), guess, slope, epsilon,
+           delta, accountant, neighbouring, lower, upper)
     if key in _CALIBRATIONS and meets(_CALIBRATIONS[key]) <= epsilon:
         _CALIBRATIONS.move_to_end(key)
         return _CALIBRATIONS[key]
@@ -803,16 +807,18 @@ def calibrate_noise_multiplier(make_event: Callable[[float], events.DpEvent], ep
         # RDP is its own search accountant (no grid); its convergence messages about the probes
         # say nothing about the released parameter (the ledger's epsilon is recomputed).
         with _quiet_rdp():
-            result = _search(meets, epsilon, CALIBRATION_TOLERANCE, lower, upper, guess, {})
+            result = _search(meets, epsilon, CALIBRATION_TOLERANCE, lower, upper, guess, {},
+                             slope or _FIRST_SLOPE)
     else:
-        result = _calibrate_pld(make_event, epsilon, delta, neighbouring, lower, upper, guess)
+        result = _calibrate_pld(make_event, epsilon, delta, neighbouring, lower, upper, guess,
+                                slope or _FIRST_SLOPE)
     _CALIBRATIONS[key] = result
     while len(_CALIBRATIONS) > _CALIBRATIONS_SIZE:
         _CALIBRATIONS.popitem(last=False)
     return result
 
 
-def _calibrate_pld(make_event, epsilon, delta, neighbouring, lower, upper, guess):
+def _calibrate_pld(make_event, epsilon, delta, neighbouring, lower, upper, guess, first_slope):
     """The search on the coarse grid alone: the parameter it returns meets the target by a
     pessimistic PLD, so by the reporting grid's too (a subset of that grid: rounding each loss up
     to the coarse grid can only raise epsilon; tests/test_accounting.py checks the order), and
@@ -831,7 +837,7 @@ def _calibrate_pld(make_event, epsilon, delta, neighbouring, lower, upper, guess
             default_from[0] = min(default_from[0], parameter)
         return value
 
-    found = _search(probe, epsilon, _PROBE_TOLERANCE, lower, upper, guess, {})
+    found = _search(probe, epsilon, _PROBE_TOLERANCE, lower, upper, guess, {}, first_slope)
     prefetch_epsilon(make_event(found), delta, "pld", neighbouring)
     return found
 
@@ -882,6 +888,59 @@ def _probe_factor(event: events.DpEvent, base: float, target: float) -> int:
     return factor
 
 
+def _gaussian_epsilon(mu: float, delta: float) -> float:
+    """Epsilon at ``delta`` of a Gaussian mechanism of sensitivity / noise ``mu`` (the exact
+    curve of Balle & Wang 2018, delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)),
+    by bisection."""
+    def phi(x: float) -> float:   # the standard normal CDF (math.erfc: ~0.1 us a call)
+        return 0.5 * math.erfc(-x / math.sqrt(2.0))
+
+    def delta_at(eps: float) -> float:
+        lower = phi(-eps / mu - mu / 2)   # e^eps * lower, in logs: e^eps alone may overflow
+        tail = math.exp(min(eps + math.log(lower), 0.0)) if lower > 0 else 0.0
+        return phi(-eps / mu + mu / 2) - tail
+
+    lo, hi = 0.0, max(1.0, mu * mu + 10 * mu)
+    if delta_at(lo) <= delta:
+        return 0.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if delta_at(mid) > delta else (lo, mid)
+    return hi
+
+
+def noise_multiplier_guess(sampling_probability: float, steps: int, epsilon: float,
+                           delta: float) -> tuple[float, float]:
+    """Where a calibration of ``steps`` Poisson-subsampled Gaussian steps starts, and the slope
+    d log(epsilon) / d log(sigma) of its first step: the central-limit view of such steps as
+    one Gaussian mechanism (mu-GDP, Dong, Roth & Su 2019: mu = q sqrt(T (e^{1/sigma^2} - 1));
+    mu = sqrt(T) / sigma exactly when q = 1). A starting point only, in microseconds: the search
+    that follows decides on the accountant's PLDs, so a poor guess costs a PLD or two, never
+    privacy. Measured on the benchmark's DP-SGD run it starts within ~1% of the answer and saves
+    one or two of the search's ~20 ms PLDs."""
+    q, t = float(sampling_probability), max(int(steps), 1)
+
+    def mu(sigma: float) -> float:
+        if q >= 1.0:
+            return math.sqrt(t) / sigma
+        return q * math.sqrt(t * math.expm1(min(1.0 / sigma ** 2, 700.0)))
+
+    def epsilon_at(sigma: float) -> float:
+        return _gaussian_epsilon(mu(sigma), delta)
+
+    lo, hi = 0.05, 1e6
+    if not (epsilon_at(hi) < epsilon < epsilon_at(lo)):
+        return 1.0, _FIRST_SLOPE
+    for _ in range(60):   # bisection in log sigma: epsilon falls as sigma grows
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if epsilon_at(mid) > epsilon else (lo, mid)
+    sigma = hi
+    a, b = epsilon_at(sigma * 0.99), epsilon_at(sigma * 1.01)
+    slope = (math.log(b) - math.log(a)) / (math.log(1.01) - math.log(0.99)) if a > 0 and b > 0 \
+        else _FIRST_SLOPE
+    return sigma, min(max(slope, -50.0), -0.1)
+
+
 def _probe_epsilon(event: events.DpEvent, delta: float, neighbouring: str, target: float,
                    base: float | None = None) -> tuple[float, float]:
     """A calibration's search accountant, and the reporting grid's interval ``base`` it judged
@@ -915,7 +974,8 @@ def _probe_epsilon(event: events.DpEvent, delta: float, neighbouring: str, targe
 
 
 def _search(epsilon_at: Callable[[float], float], target: float, tolerance: float, lower: float,
-            upper: float | None, start: float, points: dict) -> float:
+            upper: float | None, start: float, points: dict,
+            first_slope: float | None = None) -> float:
     """A parameter x in [lower, upper] with target * (1 - tolerance) <= epsilon_at(x) <= target,
     for epsilon_at non-increasing in x; ``lower`` if it already meets the target; the upper end
     of a bracket narrower than 1e-9 relative if the window cannot be hit (a jump in epsilon).
@@ -951,7 +1011,8 @@ def _search(epsilon_at: Callable[[float], float], target: float, tolerance: floa
             raise ValueError(f"no parameter up to {ceiling:g} meets the target epsilon and delta")
         if hi is None and lo > 1e12:
             raise ValueError("no noise multiplier up to 1e12 meets the target epsilon and delta")
-        x = _propose(points, latest, lo, hi, target, aim, lower, ceiling)
+        x = _propose(points, latest, lo, hi, target, aim, lower, ceiling,
+                     first_slope or _FIRST_SLOPE)
     if hi is None:
         raise ValueError("no parameter meets the target epsilon and delta")
     return hi   # only for an epsilon that is not monotone in the parameter
@@ -975,7 +1036,7 @@ def _slope(points: dict, a: float, b: float) -> float | None:
 
 
 def _propose(points: dict, latest: list, lo: float | None, hi: float | None, target: float,
-             aim: float, lower: float, ceiling: float) -> float:
+             aim: float, lower: float, ceiling: float, first_slope: float = _FIRST_SLOPE) -> float:
     """The next parameter for ``_search``: the secant step in (log x, log epsilon) towards
     ``aim`` through the two latest points; with a bracket [lo, hi], kept strictly inside it
     (else the regula falsi step through lo and hi, else bisection; bisection too after three
@@ -1000,7 +1061,7 @@ def _propose(points: dict, latest: list, lo: float | None, hi: float | None, tar
         return math.exp((a + b) / 2.0)
     side = lo if hi is None else hi
     e = points[side]
-    slope = slope if slope is not None else _FIRST_SLOPE
+    slope = slope if slope is not None else first_slope
     slope = min(max(slope, -50.0), -0.1)   # a flat stretch moves by at most 1000x a step
     if hi is None:       # every point so far spends too much: more noise
         factor = 4.0 if e == math.inf else math.exp((math.log(aim) - math.log(e)) / slope)

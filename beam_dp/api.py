@@ -116,7 +116,10 @@ def _warm_start_theta(warm_start, chosen, loss, feature_columns, label_column, f
         supported = ", ".join(a.name for a in registry.algorithms().values() if a.warm_start)
         raise ValueError(f"{chosen.name} does not start from a model (--warm-start works with "
                          f"{supported})")
-    model = warm_start if isinstance(warm_start, Model) else Model.load(warm_start)
+    try:
+        model = warm_start if isinstance(warm_start, Model) else Model.load(warm_start)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--warm-start {warm_start}: {' '.join(str(e).split())}") from None
     artifact = model.artifact
     mismatch = [what for what, same in (
         ("model", artifact["model"] == loss.name),
@@ -125,8 +128,14 @@ def _warm_start_theta(warm_start, chosen, loss, feature_columns, label_column, f
         ("intercept", artifact["fit_intercept"] == fit_intercept),
         ("number of outputs", model.theta.shape[0] == loss.outputs())) if not same]
     if mismatch:
-        raise ValueError(f"the warm-start model does not fit this run: its {', '.join(mismatch)} "
-                         "differ")
+        detail = ""
+        if "feature columns" in mismatch:
+            theirs, ours = list(artifact["feature_columns"]), feature_columns
+            detail = (f" (the model's {len(theirs)}, this run's {len(ours)}; only in the model: "
+                      f"{sorted(set(theirs) - set(ours))[:5]}, only in this run: "
+                      f"{sorted(set(ours) - set(theirs))[:5]})")
+        raise ValueError(f"--warm-start: the model does not fit this run: its "
+                         f"{', '.join(mismatch)} differ{detail}")
     if artifact.get("feature_transform") or getattr(algorithm_options, "feature_norm", None):
         raise ValueError("--warm-start needs models without a feature transform "
                          "(no --feature-norm) on both sides")

@@ -396,6 +396,9 @@ def _main(argv: list[str]) -> int:
         return _predict(args)
     except KeyboardInterrupt:
         return _interrupted(args)
+    except _ledger_error() as e:
+        print(f"beam-dp: error: {e}", file=sys.stderr)
+        return 2
     except (DataError, ValueError, TypeError, OSError) as e:
         print(f"beam-dp: error: {_one_line(e)}", file=sys.stderr)
         return 2
@@ -409,6 +412,11 @@ def _main(argv: list[str]) -> int:
             print(f"beam-dp: error: {line.strip()}", file=sys.stderr)
             return 2
         raise
+
+
+def _ledger_error() -> type:
+    from beam_dp.ledger.store import LedgerError
+    return LedgerError
 
 
 def _interrupted(args) -> int:
@@ -556,7 +564,7 @@ def _train(args, beam_args: list[str]) -> int:
         return _train_and_write(api, args, beam_args, options, validation_files, release)
     from beam_dp.ledger import core, runs
 
-    with core.open_ledger(args.ledger) as ledger:
+    with core.open_ledger(args.ledger, create=False) as ledger:
         try:
             with ledger.lock(release):
                 charge = ledger.charge(release)
@@ -568,22 +576,48 @@ def _train(args, beam_args: list[str]) -> int:
                     ledger, release, args.dataset_id, args.partition, chosen.relation,
                     orchestrator, earlier,
                     from_checkpoint=bool(args.checkpoint_dir) and checkpoint_exists(args.checkpoint_dir))
+                if earlier is not None and gate.base is not None:
+                    print(f"beam-dp: release {release} has a reserved charge from an attempt "
+                          f"whose checkpoint is not here: starting over, and charging this "
+                          f"attempt's releases on top of it", file=sys.stderr)
                 try:
                     if not gate.reserved:
                         gate.precheck(args.epsilon)
-                    return _train_and_write(api, args, beam_args, options, validation_files,
+                    code = _train_and_write(api, args, beam_args, options, validation_files,
                                             release, ledger, gate)
                 except core.BudgetExceeded as e:
+                    kept = ""
                     if gate.reserved:   # what the run released before the refusal stays charged
                         ledger.commit(release, None)
-                    print(f"beam-dp: {e}", file=sys.stderr)
+                        kept = (" (the releases it made before this refusal, its dataset-size "
+                                "count, stay charged: the refusal depends on them)")
+                    print(f"beam-dp: {e}{kept}", file=sys.stderr)
                     return EXIT_REFUSED
+                if code == 0:
+                    _print_charge(ledger, release, args)
+                return code
         except core.ReleaseInProgress as e:
             print(f"beam-dp: {e}", file=sys.stderr)
             return EXIT_IN_PROGRESS
         except core.LedgerError as e:
             print(f"beam-dp: error: {e}", file=sys.stderr)
             return 2
+
+
+def _print_charge(ledger, release: str, args) -> None:
+    """What the run was charged and what each partition it read has left (filter readings)."""
+    from beam_dp.ledger import filter as rdp_filter
+
+    charge = ledger.charge(release)
+    parts = []
+    for key in charge.keys:
+        view = ledger.explain(args.dataset_id, key)
+        alone, _ = rdp_filter.epsilon(charge.rdp_on(rdp_filter.ORDERS), view.budget.delta)
+        where = "the dataset" if key is None else f"partition {key}"
+        parts.append(f"{where}: charged epsilon={alone:.4g}, {max(0.0, view.remaining_epsilon):.4g} "
+                     f"of {view.budget.epsilon:g} remaining at delta={view.budget.delta:g}")
+    print(f"ledger: release {release} committed to dataset {args.dataset_id} ("
+          + "; ".join(parts) + ")", file=sys.stderr)
 
 
 def _write_released(args, release: str, output, validation_files) -> int:

@@ -532,3 +532,21 @@ def test_the_searchs_truncation_bounds_are_dp_accountings(sigma, q, interval, st
     for a, b in ((mine._pmf_remove, theirs._pmf_remove), (mine._pmf_add, theirs._pmf_add)):
         assert a._lower_loss == b._lower_loss and a._infinity_mass == b._infinity_mass
         np.testing.assert_array_equal(a._probs, b._probs)
+
+
+def test_a_memoized_calibration_is_not_another_problems():
+    """Found by the kill-and-resume test: two DP-GD problems (100 and 12 full-batch steps, whose
+    events are one Gaussian of sigma / sqrt(steps)) coincided at their own starting guesses, and
+    the second got the first one's noise multiplier (3x the noise it needed)."""
+    prior = ev.ComposedDpEvent([ev.LaplaceDpEvent(100.0)])
+    answers = {}
+    for steps in (100, 12):
+        guess, slope = accounting.noise_multiplier_guess(1.0, steps, 0.99, 1e-5)
+
+        def make_event(s, steps=steps):
+            return ev.ComposedDpEvent([prior, accounting.gaussian_steps_event(s, 1.0, steps)])
+        answers[steps] = accounting.calibrate_noise_multiplier(make_event, 1.0, 1e-5,
+                                                               guess=guess, slope=slope)
+        assert accounting.epsilon_of(make_event(answers[steps]), 1e-5) >= \
+            (1 - accounting.CALIBRATION_TOLERANCE) * 1.0
+    assert answers[100] / answers[12] == pytest.approx(math.sqrt(100 / 12), rel=1e-2)

@@ -214,3 +214,17 @@ def test_validation_metrics_are_not_kept_in_the_ledger(tmp_path, capsys):
     assert sorted(charge.output["files"]) == ["model.json", "privacy_report.json"]
     assert _files(tmp_path / "a") == _files(tmp_path / "b")   # metrics computed again, alike
     assert "metrics.json" in _files(tmp_path / "b")
+
+
+def test_ledger_mistakes_are_one_line_errors_that_create_nothing(tmp_path, data, capsys):
+    """New-user trial: a mistyped ledger path made a new empty ledger, a directory or an
+    unreachable server gave a traceback and exit 1 (which orchestrators retry)."""
+    missing = tmp_path / "typo.db"
+    assert _train(data, tmp_path / "o", str(missing)) == 2
+    assert "no ledger at" in capsys.readouterr().err and not missing.exists()
+    assert not os.path.exists(str(missing) + ".locks")
+    assert cli.main(["ledger", "show", "--ledger", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    assert cli.main(["ledger", "show", "--ledger", "postgresql://u:secret@nohost.invalid/x"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "secret" not in err and "Traceback" not in err

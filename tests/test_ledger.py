@@ -398,7 +398,7 @@ def test_ledger_commands(url, capsys):
     assert code == 0 and "epsilon=4, delta=1e-06" in out
     code, _, err = _cli(capsys, "ledger", "budget", "--ledger", url, "--dataset-id", "clicks",
                         "--epsilon", 5, "--delta", 1e-6)
-    assert code == 1 and "--replace" in err
+    assert code == 2 and "--replace" in err   # a usage error: exit 2, as every CLI error
     assert _cli(capsys, "ledger", "budget", "--ledger", url, "--dataset-id", "clicks",
                 "--partition", "2026-11-24", "--epsilon", 2, "--delta", 1e-6)[0] == 0
     with open_ledger(url) as ledger:

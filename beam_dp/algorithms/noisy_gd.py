@@ -328,8 +328,10 @@ def _plan(config: NoisyGDConfig, dataset_size: dict, ledger: accounting.Ledger, 
 
         def make_event(s: float) -> events.DpEvent:
             return events.ComposedDpEvent([prior, accounting.gaussian_steps_event(s, q, steps)])
+        guess, slope = accounting.noise_multiplier_guess(q, steps, config.epsilon - spent,
+                                                         config.delta)
         sigma = accounting.calibrate_noise_multiplier(make_event, config.epsilon, config.delta,
-                                                      config.accountant)
+                                                      config.accountant, guess=guess, slope=slope)
     return {"sampling_probability": q, "steps": steps, "noise_multiplier": sigma,
             "normalizer": normalizer, "dataset_size": dataset_size}
 

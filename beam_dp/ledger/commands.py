@@ -46,13 +46,13 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
     try:
-        with core.open_ledger(args.ledger) as ledger:
+        with core.open_ledger(args.ledger, create=args.ledger_command == "budget") as ledger:
             command = {"budget": _budget, "show": _show, "explain": _explain}
             print(command[args.ledger_command](ledger, args), end="")
         return 0
     except core.LedgerError as error:
-        print(f"beam-dp ledger: {error}", file=sys.stderr)
-        return 1
+        print(f"beam-dp ledger: error: {error}", file=sys.stderr)
+        return 2
 
 
 # --------------------------------------------------------------------------------- commands
@@ -73,7 +73,9 @@ def _show(ledger: core.Ledger, args) -> str:
             deltas = [b.delta for b in (ledger.budget(dataset, k) for k in c.keys) if b]
             epsilon = (_num(rdp_filter.epsilon(c.rdp_on(rdp_filter.ORDERS), min(deltas))[0])
                        + f" @{min(deltas):g}") if deltas else "-"
-            rows.append([c.release_id, c.dataset, _partitions(c.partitions), c.status, epsilon,
+            # A run refused after its first releases is committed with no output: charged.
+            status = "refused" if c.status == core.COMMITTED and c.output is None else c.status
+            rows.append([c.release_id, c.dataset, _partitions(c.partitions), status, epsilon,
                          ", ".join(f"{k}={v}" for k, v in sorted(c.orchestrator.items())) or "-",
                          c.reserved_at, c.committed_at or c.voided_at or "-"])
     lines.append("charges (epsilon: the run alone, filter reading at the smallest budget delta "
@@ -94,6 +96,8 @@ def _show(ledger: core.Ledger, args) -> str:
 
 
 def _explain(ledger: core.Ledger, args) -> str:
+    if args.dataset_id not in ledger.datasets():
+        raise core.LedgerError(f"no dataset {args.dataset_id!r} in the ledger {ledger.url}")
     keys = [args.partition] if args.partition else (ledger.partitions(args.dataset_id) or [None])
     blocks = [_explanation(ledger.explain(args.dataset_id, key)) for key in keys]
     paragraph = textwrap.fill("Why this is valid. " + rdp_filter.VALIDITY, width=96)

@@ -156,24 +156,41 @@ class Run:
         self.status = VOID
 
 
-def open_ledger(url: str) -> "Ledger":
-    """A ledger on ``url``: a file path or ``sqlite:///path`` (SQLite), or ``postgresql://...``
-    / ``postgres://...`` (PostgreSQL). The schema is created on first open."""
+def open_ledger(url: str, create: bool = True) -> "Ledger":
+    """A ledger on ``url``: a file path, ``sqlite:///relative/path`` or
+    ``sqlite:////absolute/path`` (SQLite, as SQLAlchemy spells them), or ``postgresql://...`` /
+    ``postgres://...`` (PostgreSQL; a password belongs in PGPASSWORD or ~/.pgpass). The schema
+    is created on first open; without ``create`` (the CLI's train, show and explain) a SQLite
+    file that does not exist yet is an error, so that a mistyped path is not a new empty
+    ledger. Any failure to open it is a LedgerError naming the (password-free) URL."""
     if not isinstance(url, (str, os.PathLike)) or not str(url):
         raise LedgerError("give the ledger as a file path, sqlite:///path or postgresql://...")
     url = os.fspath(url)
-    if url.startswith(("postgresql://", "postgres://")):
-        from beam_dp.ledger.postgres import PostgresStore
-        return Ledger(PostgresStore(url), store.redact(url))
-    from beam_dp.ledger.sqlite import SqliteStore
-    if url.startswith("sqlite:///"):
-        path = url[len("sqlite:///"):]
-    elif "://" in url or url.startswith("sqlite:"):
-        raise LedgerError(f"unsupported ledger URL {store.redact(url)!r}: use a file path, "
-                          f"sqlite:///path, or postgresql://...")
-    else:
-        path = url
-    return Ledger(SqliteStore(path), url)
+    shown = store.redact(url)
+    try:
+        if url.startswith(("postgresql://", "postgres://")):
+            from beam_dp.ledger.postgres import PostgresStore
+            return Ledger(PostgresStore(url), shown)
+        from beam_dp.ledger.sqlite import SqliteStore
+        if url.startswith("sqlite:///"):
+            path = url[len("sqlite:///"):]
+        elif "://" in url or url.startswith("sqlite:"):
+            raise LedgerError(f"unsupported ledger URL {shown!r}: use a file path, "
+                              f"sqlite:///path, or postgresql://...")
+        else:
+            path = url
+        if not create and not os.path.exists(path):
+            raise LedgerError(
+                f"no ledger at {os.path.abspath(path)}: a ledger starts with a budget (beam-dp "
+                f"ledger budget --ledger {url} --dataset-id D --epsilon E --delta D)")
+        if os.path.isdir(path):
+            raise LedgerError(f"the ledger {os.path.abspath(path)} is a directory, not a file")
+        return Ledger(SqliteStore(path), url)
+    except LedgerError:
+        raise
+    except Exception as error:   # the database's own error (unreachable, unreadable, ...)
+        reason = " ".join(str(error).split()).replace(url, shown)
+        raise LedgerError(f"cannot open the ledger {shown}: {reason}") from None
 
 
 def _now() -> str:
@@ -289,7 +306,7 @@ class Ledger:
                 raise LedgerError(
                     f"{where} already has the budget epsilon={current.epsilon:g}, "
                     f"delta={current.delta:g}; changing a lifetime budget must be deliberate: "
-                    f"pass replace=True (beam-dp ledger budget --replace)")
+                    f"beam-dp ledger budget --replace (replace=True in the API)")
             if partition is None:
                 # The default covers the unpartitioned dataset and partitions without a budget.
                 own = {row[0] for row in tx.execute(
@@ -404,7 +421,7 @@ class Ledger:
             if budget is None:
                 raise NoBudget(
                     f"no budget is declared for {_where(dataset, key)}: declare one "
-                    f"(Ledger.set_budget, or beam-dp ledger budget --dataset-id {dataset} "
+                    f"(beam-dp ledger budget --ledger {self.url} --dataset-id {dataset} "
                     f"--epsilon E --delta D) before running on it")
             spent = self._spent(charges, key)
             before, _ = rdp_filter.epsilon(spent, budget.delta)

@@ -91,7 +91,9 @@ class RunCharge:
                     f"{max(0.0, remaining):.4g} remaining of its lifetime {view.budget.epsilon:g} at "
                     f"delta={view.budget.delta:g} (Renyi filter's reading of {view.committed} "
                     f"committed and {view.reserved} reserved runs); this run asks for epsilon="
-                    f"{epsilon:g}. Nothing was charged (beam-dp ledger explain)",
+                    f"{epsilon:g}. Nothing was charged. (Remaining is a reading, not an amount: "
+                    f"Renyi curves compose below the sum of epsilons, so a run of a smaller "
+                    f"epsilon may still fit; beam-dp ledger explain)",
                     self.dataset, partition, view.spent_epsilon, view.spent_epsilon + epsilon,
                     view.budget)
 

@@ -44,13 +44,18 @@ class SqliteStore(store.Store):
     def transaction(self, dataset: str | None = None):
         # BEGIN IMMEDIATE locks the whole database, which covers "this dataset" (dataset is
         # only a flag here); a plain BEGIN reads one consistent snapshot.
-        self._conn.execute("BEGIN IMMEDIATE" if dataset is not None else "BEGIN")
+        try:
+            self._conn.execute("BEGIN IMMEDIATE" if dataset is not None else "BEGIN")
+        except sqlite3.OperationalError as error:
+            raise store.LedgerError(f"the ledger {self.path}: {error}") from None
         try:
             yield store.Transaction(self._conn.cursor(), "?")
             self._conn.execute("COMMIT")
-        except BaseException:
+        except BaseException as error:
             if self._conn.in_transaction:
                 self._conn.execute("ROLLBACK")
+            if isinstance(error, sqlite3.OperationalError):   # read-only, disk full, ...
+                raise store.LedgerError(f"the ledger {self.path}: {error}") from None
             raise
 
     @contextlib.contextmanager
