@@ -194,7 +194,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         "charging or training again. Exit codes: 3 refused (budget), 4 the same release is "
         "running elsewhere, 75 --max-jobs reached.")
     prod.add_argument("--ledger", default=None, metavar="URL",
-                      help="the budget ledger: a SQLite file (path or sqlite:///path) or "
+                      help="the budget ledger: a SQLite file (a path; or sqlite:///relative, sqlite:////absolute) or "
                            "postgresql://... (password from PGPASSWORD or ~/.pgpass)")
     prod.add_argument("--dataset-id", default=None,
                       help="the dataset's id in the ledger (required with --ledger)")

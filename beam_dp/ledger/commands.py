@@ -19,7 +19,7 @@ def add_parser(subparsers) -> None:
 
     def common(parser, dataset_required: bool) -> None:
         parser.add_argument("--ledger", required=True, metavar="URL",
-                            help="a SQLite file (path or sqlite:///path) or postgresql://...")
+                            help="a SQLite file (a path; or sqlite:///relative, sqlite:////absolute) or postgresql://...")
         parser.add_argument("--dataset-id", required=dataset_required, default=None,
                             metavar="D", help="the dataset's id, as the runs give it")
 
