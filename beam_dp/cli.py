@@ -509,7 +509,7 @@ EXIT_IN_PROGRESS = 4    # the same release is running elsewhere (its lock is hel
 EXIT_MORE_JOBS = 75     # --max-jobs reached: state checkpointed, run the same command again
 
 
-def _release(args, beam_args: list[str], chosen, options: dict, input_files, validation_files):
+def _release(args, chosen, options: dict, input_files, validation_files):
     """The run's release id (``beam_dp.ledger.runs``: configuration, input snapshot, code)."""
     import beam_dp
     from beam_dp.ledger import runs
@@ -557,7 +557,7 @@ def _train(args, beam_args: list[str]) -> int:
     if args.max_jobs is not None and args.checkpoint_dir is None:
         raise ValueError("--max-jobs needs --checkpoint-dir: the next invocation goes on from it")
     orchestrator = _orchestrator(args.orchestrator_id)
-    release = _release(args, beam_args, chosen, options, input_files, validation_files)
+    release = _release(args, chosen, options, input_files, validation_files)
     if args.checkpoint_dir:
         args.checkpoint_dir = os.path.join(args.checkpoint_dir, release)
     if args.ledger is None:
@@ -644,10 +644,8 @@ def _write_released(args, release: str, output, validation_files) -> int:
 
 def _train_and_write(api, args, beam_args, options, validation_files, release, ledger=None,
                      gate=None) -> int:
-    from beam_dp import data, report
-    from beam_dp.algorithms.base import JobLimitReached
-
-    from beam_dp.algorithms.base import checkpoint_exists
+    from beam_dp import report
+    from beam_dp.algorithms.base import JobLimitReached, checkpoint_exists
 
     if args.checkpoint_dir and checkpoint_exists(args.checkpoint_dir):
         print(f"beam-dp: resuming from the checkpoint in {args.checkpoint_dir}", file=sys.stderr)

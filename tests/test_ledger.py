@@ -16,7 +16,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 import uuid
 
 import numpy as np

@@ -22,7 +22,7 @@ import pytest
 from scipy.special import expit
 
 from beam_dp import cli as cli_mod
-from beam_dp import data, report, synthetic
+from beam_dp import data, synthetic
 from beam_dp.algorithms import registry
 from conftest import model_theta, read_json
 

@@ -403,9 +403,9 @@ class Ledger:
                       relation, json.dumps(list(rdp_filter.ORDERS)), json.dumps(rdp.tolist()),
                       RESERVED, json.dumps(orchestrator, sort_keys=True), now)
             if existing is None:
-                tx.execute(f"INSERT INTO charges (release_id, dataset, partitions, event, "
-                           f"neighbouring, orders, rdp, status, orchestrator, reserved_at) "
-                           f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", (release_id,) + values)
+                tx.execute("INSERT INTO charges (release_id, dataset, partitions, event, "
+                           "neighbouring, orders, rdp, status, orchestrator, reserved_at) "
+                           "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", (release_id,) + values)
             else:
                 tx.execute("UPDATE charges SET dataset = ?, partitions = ?, event = ?, "
                            "neighbouring = ?, orders = ?, rdp = ?, status = ?, orchestrator = ?, "
