@@ -24,13 +24,15 @@ the messages say nothing about the result and are filtered out (``_quiet_rdp``, 
 around those calls); where RDP is the reporting accountant, they are collected and the ledger
 gives them as a sentence in ``Ledger.notes`` (also when a memoized step no longer prints them).
 
-Cost (issue 10, item 4: accounting off the critical path). A calibration searches on PLDs
-PROBE_FACTOR times coarser than the reporting grid (pessimistic too) and checks its answer once
-with the reporting accountant, whose answer the ledger's report then reuses (memo keys ignore how
-compositions are nested); the Gaussian's PLD is built on the whole grid at once
-(``_GaussianPrivacyLoss``, dp_accounting's result to the bit); RDP remembers each step's vector,
-so progress after every chunk costs a multiplication. ``STOPWATCH.seconds`` is the wall time
-spent in all this, for the benchmark.
+Cost (issue 10, item 4: accounting off the critical path). A calibration searches on PLDs up
+to PROBE_FACTOR times coarser than the reporting grid (pessimistic too, as coarse as the report's
+precision allows: ``_probe_factor``), from a Gaussian-DP guess (``noise_multiplier_guess``);
+the reporting grid's PLD of its answer is made in a background thread while the job trains
+(``prefetch_epsilon``) and the ledger's report reuses it (memo keys ignore how compositions are
+nested); the Gaussian's PLD is built on the whole grid at once (``_GaussianPrivacyLoss``,
+dp_accounting's result to the bit); RDP remembers each step's vector, so progress after every
+chunk costs a multiplication. ``STOPWATCH.seconds`` is the driver's time in all this (a wait for
+the background PLD included), for the benchmark.
 """
 from __future__ import annotations
 
@@ -771,12 +773,12 @@ def calibrate_noise_multiplier(make_event: Callable[[float], events.DpEvent], ep
     ``lower`` already meets the target, it is returned. With ``upper``, the search is within
     [lower, upper] (ValueError if even ``upper`` does not meet the target).
 
-    With PLD, the search runs on coarser (still pessimistic) PLDs, PROBE_FACTOR times the
-    reporting grid, and the answer is then checked with the reporting accountant itself, whose
-    epsilon of that event is memoized: the report's and the driver's later questions about the
-    same releases cost nothing. Calibrations are memoized too, by their inputs (the event at two
-    parameters standing for ``make_event``); a memoized answer is checked again (free: memoized)
-    before it is returned.
+    With PLD, the search runs on coarser (still pessimistic) PLDs (``_calibrate_pld``), and the
+    reporting accountant's epsilon of the answer is computed in the background, memoized for the
+    report. ``guess`` and ``slope`` (d log epsilon / d log parameter) start the search
+    (``noise_multiplier_guess``). Calibrations are memoized too, by their inputs (the event at
+    two fixed parameters standing for ``make_event``, and the starting point); a memoized answer
+    is checked again (free: memoized) before it is returned.
 
     Any epsilon works, including 1e6, within a few seconds and well under 1 GB: the PLD
     accountant's discretization follows the size of the privacy loss (module docstring).
