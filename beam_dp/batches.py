@@ -131,6 +131,9 @@ PIECES_PATTERN, INDEX_PATTERN = "pieces-*.arrow", "batches-*.json"
 
 # A piece as the batch job writes it: (step, tag, features, labels).
 Piece = tuple
+# The batch files' layout: part of a batch job's fingerprint, so that a resumed run never reads
+# files an older version wrote (2: one record batch per file, with a piece column).
+FILE_FORMAT = 2
 
 
 def as_piece(step: int, block: Block) -> Piece:
@@ -138,29 +141,44 @@ def as_piece(step: int, block: Block) -> Piece:
 
 
 def write_pieces(f: BinaryIO, pieces: Sequence[Piece], dim: int, codec: str | None = None) -> None:
-    """One record batch per piece, in the given order (a shard's blocks in order), compressed
-    with ``codec`` (see ``compression``)."""
+    """The pieces (a shard's blocks in order) as one record batch, a ``piece`` column numbering
+    them, compressed with ``codec`` (see ``compression``). One batch per file, not per piece:
+    the batch job writes ~1,000 pieces per file, and a record batch each cost ~0.1 ms of Python
+    and Arrow overhead (0.55 s of a 1.2 s DP-SGD run on Beam's in-process runner)."""
     # Labels keep their encoded type (class ids are integers, for indexing).
     label_type = pa.from_numpy_dtype(pieces[0][3].dtype) if pieces else pa.float64()
     schema = pa.schema([("features", pa.list_(pa.float64(), dim)), ("label", label_type),
-                        ("step", pa.int64()), ("tag", pa.int64())])
+                        ("step", pa.int64()), ("tag", pa.int64()), ("piece", pa.int64())])
+    lengths = np.array([len(p[3]) for p in pieces], dtype=np.int64)
+    steps = np.repeat(np.array([p[0] for p in pieces], dtype=np.int64), lengths)
+    tags = np.repeat(np.array([p[1] for p in pieces], dtype=np.int64), lengths)
+    numbers = np.repeat(np.arange(len(pieces), dtype=np.int64), lengths)
+    features = (np.concatenate([np.asarray(p[2], dtype=np.float64).reshape(-1) for p in pieces])
+                if pieces else np.zeros(0))
+    labels = (np.concatenate([p[3] for p in pieces]) if pieces
+              else np.zeros(0, label_type.to_pandas_dtype()))
     with pa.ipc.new_file(f, schema, options=pa.ipc.IpcWriteOptions(compression=codec)) as writer:
-        for step, tag, features, labels in pieces:
-            m = len(labels)
-            writer.write_batch(pa.record_batch([
-                pa.FixedSizeListArray.from_arrays(pa.array(features.reshape(-1)), dim),
-                pa.array(labels), pa.array(np.full(m, step)), pa.array(np.full(m, tag))],
-                schema=schema))
+        writer.write_batch(pa.record_batch([
+            pa.FixedSizeListArray.from_arrays(pa.array(features), dim), pa.array(labels),
+            pa.array(steps), pa.array(tags), pa.array(numbers)], schema=schema))
 
 
 def read_pieces(data: bytes) -> Iterator[Piece]:
+    """The pieces ``write_pieces`` wrote, in order (a piece without rows is not kept: it adds
+    nothing to a sum)."""
     reader = pa.ipc.open_file(pa.BufferReader(data))
     dim = reader.schema.field("features").type.list_size
     for i in range(reader.num_record_batches):
         batch = reader.get_batch(i)
-        yield (int(batch.column(2)[0].as_py()), int(batch.column(3)[0].as_py()),
-               batch.column(0).flatten().to_numpy(zero_copy_only=False).reshape(-1, dim),
-               batch.column(1).to_numpy(zero_copy_only=False))
+        if batch.num_rows == 0:
+            continue
+        features = batch.column(0).flatten().to_numpy(zero_copy_only=False).reshape(-1, dim)
+        labels = batch.column(1).to_numpy(zero_copy_only=False)
+        steps, tags = batch.column(2).to_numpy(), batch.column(3).to_numpy()
+        numbers = batch.column(4).to_numpy()
+        starts = np.concatenate([[0], np.flatnonzero(np.diff(numbers)) + 1, [len(numbers)]])
+        for a, b in zip(starts[:-1], starts[1:]):
+            yield int(steps[a]), int(tags[a]), features[a:b], labels[a:b]
 
 
 @dataclasses.dataclass

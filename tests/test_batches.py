@@ -246,3 +246,23 @@ def test_local_batches_equal_the_batches_the_beam_job_writes(tmp_path, monkeypat
     else:
         assert 0 < total_rows and empty_steps > 0, (total_rows, empty_steps)
     assert not os.path.exists(written.location)   # deleted on exit
+
+
+def test_pieces_round_trip_in_one_record_batch_keeping_each_piece():
+    """One record batch per file (FILE_FORMAT 2): adjacent pieces of the same step and tag
+    stay separate pieces (a step sums block by block, as the local runner does), an empty
+    piece is dropped (it adds nothing), labels keep their type."""
+    g = np.random.default_rng(0)
+    pieces = [(0, 0, g.standard_normal((2, 3)), np.array([1, 0])),
+              (0, 0, g.standard_normal((3, 3)), np.array([2, 2, 1])),
+              (1, 0, np.zeros((0, 3)), np.zeros(0, dtype=np.int64)),
+              (1, 1, g.standard_normal((1, 3)), np.array([0]))]
+    f = io.BytesIO()
+    batches.write_pieces(f, pieces, 3)
+    back = list(batches.read_pieces(f.getvalue()))
+    kept = [p for p in pieces if len(p[3])]
+    assert [(s, t) for s, t, _, _ in back] == [(s, t) for s, t, _, _ in kept]
+    for (_, _, x, y), (_, _, x0, y0) in zip(back, kept):
+        np.testing.assert_array_equal(x, x0)
+        np.testing.assert_array_equal(y, y0)
+        assert y.dtype == y0.dtype

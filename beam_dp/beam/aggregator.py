@@ -286,7 +286,8 @@ class BeamAggregator:
                      keep: bool = False) -> BatchFiles:
         """Every step's batch, written by one job under the temp location (``resume``: where an
         earlier attempt of this run wrote them; reused if complete and made by the same plan)."""
-        fingerprint = hashlib.blake2b(repr((batches.plan_key(plan), steps, self.shards)).encode(),
+        fingerprint = hashlib.blake2b(repr((batches.FILE_FORMAT, batches.plan_key(plan), steps,
+                                            self.shards)).encode(),
                                       digest_size=16).hexdigest()
         if resume:
             manifest = self._manifest(resume)
