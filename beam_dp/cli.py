@@ -633,13 +633,20 @@ def _write_released(args, release: str, output, validation_files) -> int:
     if validation_files:
         model = api.Model(json.loads(files["model.json"]))
         files["metrics.json"] = report.json_text(_metrics(args, model, validation_files))
+    _write_outputs(args, files)
+    print(f"release {release} was already committed: wrote its output to {args.output} again; "
+          f"nothing was charged or trained")
+    return 0
+
+
+def _write_outputs(args, files: dict) -> None:
+    """The output directory, all at once (``report.atomic_directory``): file name -> text."""
+    from beam_dp import report
+
     with report.atomic_directory(args.output, args.overwrite) as out:
         for name, text in files.items():
             with open(os.path.join(out, name), "w") as f:
                 f.write(text)
-    print(f"release {release} was already committed: wrote its output to {args.output} again; "
-          f"nothing was charged or trained")
-    return 0
 
 
 def _train_and_write(api, args, beam_args, options, validation_files, release, ledger=None,
@@ -672,10 +679,7 @@ def _train_and_write(api, args, beam_args, options, validation_files, release, l
         ledger.commit(release, {"files": files})   # (not the metrics: they are not DP)
     if metrics is not None:
         files["metrics.json"] = report.json_text(metrics)
-    with report.atomic_directory(args.output, args.overwrite) as out:
-        for name, text in files.items():
-            with open(os.path.join(out, name), "w") as f:
-                f.write(text)
+    _write_outputs(args, files)
     print(f"trained {args.model} with {args.algorithm}: epsilon={model.epsilon:.4g}, "
           f"delta={args.delta:g}; wrote {args.output}")
     return 0
