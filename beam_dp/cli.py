@@ -509,7 +509,7 @@ EXIT_IN_PROGRESS = 4    # the same release is running elsewhere (its lock is hel
 EXIT_MORE_JOBS = 75     # --max-jobs reached: state checkpointed, run the same command again
 
 
-def _release(args, chosen, options: dict, input_files, validation_files):
+def _release(args, chosen, input_files, validation_files):
     """The run's release id (``beam_dp.ledger.runs``: configuration, input snapshot, code)."""
     import beam_dp
     from beam_dp.ledger import runs
@@ -517,8 +517,7 @@ def _release(args, chosen, options: dict, input_files, validation_files):
     configuration = {k: v for k, v in vars(args).items() if not k.startswith("_") and k not in (
         "command", "input", "validation", "output", "overwrite", "runner", "steps_per_job",
         "checkpoint_dir", "max_jobs", "ledger", "orchestrator_id", "warm_start")}
-    configuration["options"] = options
-    configuration["neighbouring"] = chosen.relation
+    configuration["neighbouring"] = chosen.relation   # (the algorithm's options are in args)
     extra = [args.warm_start] if args.warm_start else []
     if args.warm_start and os.path.isdir(args.warm_start):
         extra = [os.path.join(args.warm_start, "model.json")]
@@ -557,7 +556,7 @@ def _train(args, beam_args: list[str]) -> int:
     if args.max_jobs is not None and args.checkpoint_dir is None:
         raise ValueError("--max-jobs needs --checkpoint-dir: the next invocation goes on from it")
     orchestrator = _orchestrator(args.orchestrator_id)
-    release = _release(args, chosen, options, input_files, validation_files)
+    release = _release(args, chosen, input_files, validation_files)
     if args.checkpoint_dir:
         args.checkpoint_dir = os.path.join(args.checkpoint_dir, release)
     if args.ledger is None:
