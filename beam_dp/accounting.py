@@ -30,7 +30,9 @@ precision allows: ``_probe_factor``), from a Gaussian-DP guess (``noise_multipli
 the reporting grid's PLD of its answer is made in a background thread while the job trains
 (``prefetch_epsilon``) and the ledger's report reuses it (memo keys ignore how compositions are
 nested); the Gaussian's PLD is built on the whole grid at once (``_GaussianPrivacyLoss``,
-dp_accounting's result to the bit); RDP remembers each step's vector, so progress after every
+``_connect_dots_pmf``: dp_accounting's PMF to the bit); a search's compositions cut their tails
+with cumulative sums rather than the library's Python loop and reuse the count's PLD
+(``_quick_compose``, ``_laplace_pld``: the library's result to the bit); RDP remembers each step's vector, so progress after every
 chunk costs a multiplication. ``STOPWATCH.seconds`` is the driver's time in all this (a wait for
 the background PLD included), for the benchmark.
 """
@@ -43,6 +45,8 @@ import functools
 import logging
 import math
 import numbers
+import os
+import queue
 import threading
 import time
 from typing import Callable
@@ -58,6 +62,8 @@ from dp_accounting.pld import privacy_loss_distribution
 from dp_accounting.pld import privacy_loss_mechanism
 from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import fft as scipy_fft
+from scipy import signal as scipy_signal
+from scipy import special as scipy_special
 
 ACCOUNTANTS = ("pld", "rdp")
 ADD_REMOVE = "add/remove"
@@ -130,6 +136,25 @@ class PureDpEvent(events.DpEvent):
 
 # ------------------------------------------------------------- the Gaussian PLD, on a whole grid
 
+class _ScaledNormal:
+    """What ``scipy.stats.norm(scale=s)`` computes for the three methods dp_accounting's Gaussian
+    privacy loss calls, by the same special functions (its ``_cdf``, ``_logcdf``, ``_ppf``:
+    ``ndtr``, ``log_ndtr``, ``ndtri``, on (x - 0) / s, and times s), which also give its values at
+    +-inf and the ends of (0, 1). Checked against scipy through ``_fast_gaussian``."""
+
+    def __init__(self, scale: float):
+        self.scale = scale
+
+    def cdf(self, x):
+        return scipy_special.ndtr(np.asarray(x, dtype=np.float64) / self.scale)[()]
+
+    def logcdf(self, x):
+        return scipy_special.log_ndtr(np.asarray(x, dtype=np.float64) / self.scale)[()]
+
+    def ppf(self, q):
+        return (scipy_special.ndtri(np.asarray(q, dtype=np.float64)) * self.scale)[()]
+
+
 class _GaussianPrivacyLoss(privacy_loss_mechanism.GaussianPrivacyLoss):
     """dp_accounting's ``GaussianPrivacyLoss`` with ``get_delta_for_epsilon`` evaluated on the
     whole grid of losses at once.
@@ -143,6 +168,23 @@ class _GaussianPrivacyLoss(privacy_loss_mechanism.GaussianPrivacyLoss):
     operation for operation, so the result is dp_accounting's to the bit: checked once per
     process against the library (``_fast_gaussian``) before it is used, and in the tests. Only
     the ADD and REMOVE adjacencies (the add/remove relation); REPLACE is left to the library."""
+
+    def __init__(self, standard_deviation: float, sensitivity: float = 1,
+                 pessimistic_estimate: bool = True, log_mass_truncation_bound: float = -50,
+                 sampling_prob: float = 1.0,
+                 adjacency_type=privacy_loss_mechanism.AdjacencyType.REMOVE) -> None:
+        # GaussianPrivacyLoss.__init__ with _ScaledNormal in place of scipy's frozen
+        # norm(scale=standard_deviation), whose making costs ~1 ms (two per PLD).
+        if standard_deviation <= 0:
+            raise ValueError("the standard deviation must be positive")
+        if log_mass_truncation_bound > 0:
+            raise ValueError("the log mass truncation bound must not be positive")
+        self._standard_deviation = standard_deviation
+        self._gaussian_random_variable = _ScaledNormal(standard_deviation)
+        self._pessimistic_estimate = pessimistic_estimate
+        self._log_mass_truncation_bound = log_mass_truncation_bound
+        privacy_loss_mechanism.AdditiveNoisePrivacyLoss.__init__(
+            self, sensitivity, False, sampling_prob, adjacency_type)
 
     def _inverse_privacy_losses(self, losses: np.ndarray) -> np.ndarray:
         q, sensitivity = self.sampling_prob, self.sensitivity
@@ -205,17 +247,101 @@ def _gaussian_pld(standard_deviation: float, sampling_prob: float, interval: flo
     AdjacencyType = privacy_loss_mechanism.AdjacencyType
 
     def single(adjacency):
-        return privacy_loss_distribution._create_pld_pmf_from_monotone_privacy_loss(
-            _GaussianPrivacyLoss(standard_deviation, sensitivity=1, pessimistic_estimate=True,
-                                 log_mass_truncation_bound=-50, sampling_prob=sampling_prob,
-                                 adjacency_type=adjacency),
-            pessimistic_estimate=True, value_discretization_interval=interval,
-            use_connect_dots=True)
+        loss = _GaussianPrivacyLoss(standard_deviation, sensitivity=1, pessimistic_estimate=True,
+                                    log_mass_truncation_bound=-50, sampling_prob=sampling_prob,
+                                    adjacency_type=adjacency)
+        # privacy_loss_distribution._create_pld_pmf_from_monotone_privacy_loss, continuous
+        # connect-the-dots branch, step for step.
+        bounds = loss.connect_dots_bounds()
+        upper = math.ceil(bounds.epsilon_upper / interval)
+        lower = math.floor(bounds.epsilon_lower / interval)
+        deltas = loss.get_delta_for_epsilon(np.arange(lower, upper + 1) * interval)
+        return _connect_dots_pmf(interval, lower, upper, deltas)
 
     remove = single(AdjacencyType.REMOVE)
     if sampling_prob == 1.0:
         return privacy_loss_distribution.PrivacyLossDistribution(remove)
     return privacy_loss_distribution.PrivacyLossDistribution(remove, single(AdjacencyType.ADD))
+
+
+def _connect_dots_pmf(interval: float, lower: int, upper: int, deltas: np.ndarray):
+    """``pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap(interval, lower, upper, deltas)``
+    with the same arithmetic, made dense at once: the library goes through a dict of ~1e4-1e5
+    Python floats and back (``common.dictionary_to_list``), a fifth of a calibration PLD's
+    time. Small supports (where the library makes a sparse PMF) are left to it."""
+    deltas = np.asarray(deltas, dtype=np.float64)
+    if upper - lower + 1 <= pld_pmf._MAX_PMF_SPARSE_SIZE or deltas.size != upper - lower + 1:
+        return pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap(interval, lower, upper, deltas)
+    if np.any(deltas < 0) or np.any(deltas > 1) or np.any(np.diff(deltas) > pld_pmf._DELTA_DIFF_TOLERANCE):
+        raise ValueError("deltas out of [0, 1] or not non-increasing")
+    deltas = np.minimum.accumulate(deltas)
+    diffs = np.diff(deltas)
+    probs = np.zeros_like(deltas)
+    probs[0] = 1 - deltas[0] + diffs[0] / math.expm1(interval)
+    probs[1:-1] = (diffs[1:] - diffs[:-1] * math.exp(interval)) / math.expm1(interval)
+    probs[-1] = diffs[-1] / math.expm1(-interval)
+    return pld_pmf.DensePLDPmf(interval, lower, np.maximum(0.0, probs), deltas[-1], True)
+
+
+@functools.lru_cache(maxsize=64)
+def _laplace_pld(parameter: float, interval: float, count: int):
+    """The library's PLD of ``count`` Laplace mechanisms (sensitivity 1), as its accountant
+    composes a ``LaplaceDpEvent``; memoized for calibration searches (PLDs are not modified by
+    composing them)."""
+    return privacy_loss_distribution.from_laplace_mechanism(
+        parameter=parameter, value_discretization_interval=interval).self_compose(count)
+
+
+def _dense_probs(pmf) -> tuple[int, np.ndarray]:
+    """(lowest loss index, dense probabilities) of a PLD PMF; ``to_dense_pmf`` vectorized."""
+    if type(pmf) is pld_pmf.DensePLDPmf:
+        return pmf._lower_loss, np.asarray(pmf._probs, dtype=float)
+    keys = np.fromiter(pmf._loss_probs.keys(), dtype=np.int64, count=len(pmf._loss_probs))
+    values = np.fromiter(pmf._loss_probs.values(), dtype=float, count=len(pmf._loss_probs))
+    lowest = int(keys.min())
+    probs = np.zeros(int(keys.max()) - lowest + 1)
+    probs[keys - lowest] = values
+    return lowest, probs
+
+
+def _tail_sizes(probs: np.ndarray, threshold: float) -> tuple[int, int]:
+    """The longest prefix and suffix of ``probs`` each of mass at most ``threshold``: what
+    ``pld_pmf._truncate_tails`` finds with a Python loop over the elements, by cumulative sums
+    (sequential additions, as the loop's)."""
+    def prefix(values):
+        over = np.flatnonzero(np.cumsum(values) > threshold)
+        return int(over[0]) if over.size else len(values)
+    return prefix(probs), prefix(probs[::-1])
+
+
+def _quick_compose(first, second, tail_mass: float = 1e-15):
+    """``first.compose(second)`` (PLDs, default tail truncation) for a calibration's search, as
+    the library composes dense PMFs (FFT convolution, tails of mass up to ``tail_mass`` / 2 each
+    cut: the left one onto the lowest loss, the right one to infinity, which is pessimistic),
+    with vectorized tail search and densification."""
+    def pmf_compose(a, b):
+        if (a._discretization, a._pessimistic_estimate) != (b._discretization, b._pessimistic_estimate):
+            raise ValueError("only PLDs on the same grid, both pessimistic or not, compose")
+        if not a._pessimistic_estimate or (
+                isinstance(a, pld_pmf.SparsePLDPmf) and isinstance(b, pld_pmf.SparsePLDPmf)
+                and a.size * b.size <= pld_pmf._MAX_PMF_SPARSE_SIZE):
+            return pld_pmf.compose_pmfs(a, b, tail_mass)   # small (the exact sum), or optimistic
+        (la, pa), (lb, pb) = _dense_probs(a), _dense_probs(b)
+        probs = scipy_signal.fftconvolve(pa, pb)
+        infinity = a._infinity_mass + b._infinity_mass - a._infinity_mass * b._infinity_mass
+        left, right = _tail_sizes(probs, tail_mass / 2)
+        end = max(len(probs) - right, left + 1)
+        left_mass, right_mass = np.sum(probs[:left]), np.sum(probs[end:])
+        kept = probs[left:end]
+        kept[0] += left_mass
+        return pld_pmf.DensePLDPmf(a._discretization, la + lb + left, kept, infinity + right_mass,
+                                   a._pessimistic_estimate)
+
+    remove = pmf_compose(first._pmf_remove, second._pmf_remove)
+    if first._symmetric and second._symmetric:
+        return privacy_loss_distribution.PrivacyLossDistribution(remove)
+    return privacy_loss_distribution.PrivacyLossDistribution(
+        remove, pmf_compose(first._pmf_add, second._pmf_add))
 
 
 @functools.lru_cache(maxsize=None)
@@ -323,6 +449,13 @@ class _EagerPLDAccountant(pld_privacy_accountant.PLDAccountant):
             return None
         if do_compose and self.neighboring_relation in _FAST_RELATIONS:
             interval = self._value_discretization_interval
+            if (self._quick and isinstance(event, events.LaplaceDpEvent)
+                    and event.noise_multiplier != 0):
+                # A calibration's probes all compose the same releases before training (the
+                # count): their PLD is made once per grid.
+                self._pld = _quick_compose(self._pld, _laplace_pld(event.noise_multiplier,
+                                                                   interval, count))
+                return None
             if (isinstance(event, events.GaussianDpEvent) and event.noise_multiplier != 0
                     and _fast_gaussian()):
                 self._pld = self._pld.compose(
@@ -334,8 +467,10 @@ class _EagerPLDAccountant(pld_privacy_accountant.PLDAccountant):
                     and _fast_gaussian()):
                 pld = _gaussian_pld(event.event.noise_multiplier, event.sampling_probability,
                                     interval)
-                composed = _quick_self_compose(pld, count) if self._quick else pld.self_compose(count)
-                self._pld = self._pld.compose(composed)
+                if self._quick:
+                    self._pld = _quick_compose(self._pld, _quick_self_compose(pld, count))
+                else:
+                    self._pld = self._pld.compose(pld.self_compose(count))
                 return None
         return super()._maybe_compose(event, count, do_compose)
 
@@ -677,7 +812,7 @@ PLD_FALLBACK_NOTE = (
 def settle() -> None:
     """Waits for the computations ``prefetch_epsilon`` started."""
     with _CACHE_LOCK:
-        running = list(_IN_FLIGHT.values())
+        running = list(_IN_FLIGHT.values()) + list(_QUEUED)
     for event in running:
         event.wait()
 
@@ -689,6 +824,7 @@ def clear_caches() -> None:
     _EPSILON_CACHE.clear()
     _RDP_STEPS.clear()
     _CALIBRATIONS.clear()
+    _laplace_pld.cache_clear()
 
 
 def make_accountant(kind: str = "pld", neighbouring: str = ADD_REMOVE) -> dp_accounting.PrivacyAccountant:
@@ -849,19 +985,55 @@ def prefetch_epsilon(event: events.DpEvent, delta: float, accountant: str = "pld
     """Starts ``epsilon_of(event, delta, accountant, neighbouring)`` in a background thread: the
     report's PLD (~0.2 s for a DP-SGD run, seconds for some) is computed while the job trains,
     off the driver's critical path (issue 10, item 4), and the driver's later question waits for
-    it rather than computing it again (``_PLDAccountant._memo``). Not counted by STOPWATCH; the
-    driver's wait is. A daemon thread: an interrupted run does not wait for it to exit."""
+    it rather than computing it again (``_PLDAccountant._memo``), in ``_background``'s thread.
+    Not counted by STOPWATCH; the driver's wait is."""
     if accountant != "pld":
         return
 
     def work():
-        STOPWATCH.exclude_this_thread()
         try:
             epsilon_of(event, delta, accountant, neighbouring)
         except Exception:   # the driver's own call computes it again and raises there
             pass
 
-    threading.Thread(target=work, name="beam-dp-report-epsilon", daemon=True).start()
+    done = threading.Event()
+    with _CACHE_LOCK:
+        _QUEUED.add(done)
+
+    def job():
+        try:
+            work()
+        finally:
+            with _CACHE_LOCK:
+                _QUEUED.discard(done)
+            done.set()
+
+    _background().put(job)
+
+
+_QUEUED: set = set()   # prefetches not yet finished (queued or running), for ``settle``
+_WORKER: tuple[int, queue.SimpleQueue] | None = None   # (process id, its work queue)
+_WORKER_LOCK = threading.Lock()
+
+
+def _background() -> queue.SimpleQueue:
+    """The queue of this process's accounting thread, started on first use while it has no work:
+    a thread started with its work holds the GIL for a switch interval (5 ms) before
+    ``Thread.start`` returns to the driver, and that was a tenth of a calibration. A daemon
+    thread: an interrupted run does not wait for it. A forked child starts its own."""
+    global _WORKER
+    with _WORKER_LOCK:
+        if _WORKER is None or _WORKER[0] != os.getpid():
+            work_queue: queue.SimpleQueue = queue.SimpleQueue()
+
+            def serve():
+                STOPWATCH.exclude_this_thread()
+                while True:
+                    work_queue.get()()
+
+            threading.Thread(target=serve, name="beam-dp-accounting", daemon=True).start()
+            _WORKER = (os.getpid(), work_queue)
+        return _WORKER[1]
 
 
 def _compositions(event: events.DpEvent) -> int:

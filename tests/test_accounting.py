@@ -11,8 +11,9 @@ import time
 import dp_accounting
 import numpy as np
 import pytest
+from scipy import stats
 from dp_accounting import dp_event as ev
-from dp_accounting.pld import pld_privacy_accountant, privacy_loss_distribution
+from dp_accounting.pld import pld_pmf, pld_privacy_accountant, privacy_loss_distribution
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from beam_dp import accounting, losses
@@ -532,6 +533,55 @@ def test_the_searchs_truncation_bounds_are_dp_accountings(sigma, q, interval, st
     for a, b in ((mine._pmf_remove, theirs._pmf_remove), (mine._pmf_add, theirs._pmf_add)):
         assert a._lower_loss == b._lower_loss and a._infinity_mass == b._infinity_mass
         np.testing.assert_array_equal(a._probs, b._probs)
+
+
+def _assert_same_pld(mine, theirs):
+    for a, b in ((mine._pmf_remove, theirs._pmf_remove), (mine._pmf_add, theirs._pmf_add)):
+        assert type(a) is type(b)
+        assert a._infinity_mass == b._infinity_mass
+        if isinstance(a, pld_pmf.DensePLDPmf):
+            assert a._lower_loss == b._lower_loss
+            np.testing.assert_array_equal(a._probs, b._probs)
+        else:
+            assert a._loss_probs == b._loss_probs
+
+
+@pytest.mark.parametrize("sigma,q,interval", [
+    (0.94, 0.005, 1e-4), (0.94, 0.005, 8e-4), (0.5, 0.3, 1e-3), (3.7, 1.0, 1e-4), (40.0, 1.0, 1e-3)])
+def test_the_gaussian_pmfs_are_dp_accountings_to_the_bit(sigma, q, interval):
+    # The connect-the-dots PMF made dense at once (no dict round trip) and the scipy-free normal
+    # law: the same PMFs, not only the same deltas.
+    assert accounting._fast_gaussian()
+    _assert_same_pld(accounting._gaussian_pld(sigma, q, interval),
+                     privacy_loss_distribution.from_gaussian_mechanism(
+                         sigma, value_discretization_interval=interval, sampling_prob=q))
+
+
+def test_the_scaled_normal_is_scipys():
+    rng = np.random.default_rng(5)
+    for scale in (0.3, 0.94, 26.4, 1e3):
+        ours, scipy_law = accounting._ScaledNormal(scale), stats.norm(scale=scale)
+        x = np.concatenate([rng.normal(0, 5 * scale, 5000), [0.0, -0.0, np.inf, -np.inf, 40 * scale]])
+        np.testing.assert_array_equal(ours.cdf(x), scipy_law.cdf(x))
+        np.testing.assert_array_equal(ours.logcdf(x), scipy_law.logcdf(x))
+        p = np.concatenate([rng.uniform(0, 1, 1000), [0.0, 1.0, 1e-300, 0.5 * math.exp(-50)]])
+        np.testing.assert_array_equal(ours.ppf(p), scipy_law.ppf(p))
+        for value in (0.1, -3.0, math.inf):
+            assert ours.cdf(value) == scipy_law.cdf(value)
+            assert ours.logcdf(value) == scipy_law.logcdf(value)
+
+
+@pytest.mark.parametrize("sigma,q,interval,steps", [
+    (0.94, 0.005, 8e-4, 1000), (0.5, 0.1, 1e-4, 50), (3.0, 1.0, 4e-4, 100)])
+def test_the_searchs_composition_is_dp_accountings(sigma, q, interval, steps):
+    # Dense with dense, and with the count's (sparse) Laplace PLD in either order, the tails cut
+    # as the library cuts them (its Python loop; here cumulative sums).
+    steps_pld = accounting._quick_self_compose(accounting._gaussian_pld(sigma, q, interval), steps)
+    other = accounting._gaussian_pld(sigma * 1.3, q, interval)
+    count = accounting._laplace_pld(100.0, interval, 1)
+    for a, b in ((steps_pld, other), (count, steps_pld), (steps_pld, count),
+                 (count, accounting._laplace_pld(30.0, interval, 2))):
+        _assert_same_pld(accounting._quick_compose(a, b), a.compose(b))
 
 
 def test_a_memoized_calibration_is_not_another_problems():
