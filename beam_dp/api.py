@@ -35,7 +35,7 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
           epsilon: float | None = None, delta: float = 1e-5,
           noise_multiplier: float | None = None, accountant: str = "pld",
           num_examples: int | None = None, count_epsilon: float | None = None,
-          num_classes: int | None = None, huber_delta: float = 1.0, fit_intercept: bool = True,
+          noise: str | None = None, num_classes: int | None = None, huber_delta: float = 1.0, fit_intercept: bool = True,
           label_column: str = "label", feature_columns: Sequence[str] | None = None,
           runner: str | None = None, pipeline_args: Sequence[str] = (),
           batch_rows: int = data.DEFAULT_BATCH_ROWS, seed: int | None = None,
@@ -47,7 +47,8 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
 
     ``epsilon`` (with ``delta``) calibrates the noise; ``noise_multiplier`` instead reports the
     epsilon it buys. Without ``num_examples`` the dataset size is a private Laplace count whose
-    budget is part of epsilon. Without ``seed`` all randomness comes from the OS's secure source;
+    budget is part of epsilon. ``noise``: "secure" (integer noise on exact integer sums; the
+    default where the algorithm has it: dpgd, dpsgd) or "float" (numpy's float noise). Without ``seed`` all randomness comes from the OS's secure source;
     a fixed seed is for tests. ``progress(steps_done, steps_total, epsilon_so_far)`` is called
     between chunks of steps. The neighbouring relation is add/remove one row.
 
@@ -63,7 +64,8 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
         raise ValueError("max_jobs (--max-jobs) must be at least 1 and needs a checkpoint_dir "
                          "(--checkpoint-dir) to go on from")
     algorithm_options = registry.make_options(chosen.options, options)
-    privacy = registry.Privacy(epsilon, delta, noise_multiplier, accountant, num_examples, count_epsilon)
+    privacy = registry.Privacy(epsilon, delta, noise_multiplier, accountant, num_examples,
+                               count_epsilon, noise)
     privacy.validate()
     if (steps_per_job is not None and steps_per_job < 1) or batch_rows < 1:
         raise ValueError("steps_per_job and batch_rows must be at least 1")

@@ -163,6 +163,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                          help="public dataset size; without it n is a private Laplace count")
     privacy.add_argument("--count-epsilon", type=float, default=None,
                          help="budget of that count; default: a share of --epsilon (see README)")
+    privacy.add_argument("--noise", choices=("secure", "float"), default=None,
+                         help="secure: discrete noise on exact integer sums, from a "
+                              "cryptographic generator (default for dpgd and dpsgd); float: "
+                              "numpy's float noise on float sums (the others, for now)")
     privacy.add_argument("--seed", type=int, default=None,
                          help="fixed seed, for tests and comparisons only; default: the OS's "
                               "secure randomness")
@@ -702,7 +706,7 @@ def _train_model(api, args, beam_args, options, gate=None):
     return api.train(
         input=args.input, algorithm=args.algorithm, model=args.model, epsilon=args.epsilon,
         delta=args.delta, noise_multiplier=args.noise_multiplier, accountant=args.accountant,
-        num_examples=args.num_examples, count_epsilon=args.count_epsilon,
+        num_examples=args.num_examples, count_epsilon=args.count_epsilon, noise=args.noise,
         num_classes=args.num_classes, huber_delta=args.huber_delta,
         fit_intercept=args.fit_intercept, label_column=args.label_column,
         feature_columns=args.feature_columns, runner=args.runner, pipeline_args=beam_args,

@@ -29,6 +29,9 @@ itself reveal that row.
 """
 from __future__ import annotations
 
+import functools
+import math
+
 import numpy as np
 
 from beam_dp import losses as losses_mod
@@ -270,5 +273,185 @@ def clipped_gradient_sum(theta: np.ndarray, features: np.ndarray, sq_norms: np.n
             derivative = loss.derivative(losses_mod.scores(theta, features[chunk]), labels[chunk])
         part = clipped_outer_sums(derivative, features[chunk], sq_norms[chunk], [clip_norm],
                                   fit_intercept)[0]
+        total = part if total is None else total + part
+    return total
+
+
+# ---------------------------------------------------------------- exact sums on a public grid
+#
+# Secure noise (issue 12) needs sums that are exact and independent of the order of addition:
+# then the noise is added to an integer, nothing released carries floating-point low bits of the
+# data, and the same seed gives the same model bit for bit on every runner and any number of
+# workers. A GLM's per-example gradient is an outer product u_i (x_i, 1), so rather than
+# rounding every coordinate of every gradient (three more passes over the rows per step, ~2x
+# the cost) the two factors are put on grids and multiplied exactly:
+#
+# * each row (x_i, 1) is written in block floating point: q_i 2^(e_i - Q) with q_i integers,
+#   |q_ij| <= 2^Q, the row's largest entry scaled into [2^(Q-1), 2^Q] (Q = GRID_FEATURE_BITS):
+#   each row keeps Q bits relative to its largest entry, whatever the features' scale. These
+#   quantized rows are the features training sees (computed once per block, ``quantized_rows``).
+# * the clipped loss derivative u_i (k outputs; |u_i| ||q_i|| <= C, hence |u_i| <= C 2^-(Q-1))
+#   is truncated towards zero to the grid ``gradient_grid(C)`` = C 2^-(Q-1+U): at most 2^U
+#   levels (U = GRID_SCALE_BITS), and truncation only shrinks, so each row's contribution has
+#   norm at most C: the sensitivity is C exactly, in grid units C / gradient_grid(C).
+# * products are integers below 2^(Q+U) = 2^40, so a chunk of up to 2^12 rows sums to below
+#   2^52 in float64, exactly, in any order (BLAS included); chunks are added as 96-bit integers
+#   (``ExactSum``), exact for any number of rows.
+# The scores theta . q_i must not depend on the rows around a row (which differ between runners'
+# blocks and batches): BLAS's matrix-vector product does, in its last bits, for the rows of an
+# incomplete group of 8 at the end of a matrix (measured); chunks are therefore padded to a
+# multiple of 8 rows, which makes this BLAS's rows independent of their position, as checked
+# once per process (``_blas_rows_stable``); where it is not, np.einsum (~1.4x slower here).
+GRID_FEATURE_BITS = 20
+GRID_SCALE_BITS = 20
+_EXACT_CHUNK_ROWS = 1 << (52 - GRID_FEATURE_BITS - GRID_SCALE_BITS)
+
+
+def gradient_grid(clip_norm: float, scale_bits: int = GRID_SCALE_BITS) -> float:
+    """The grid (in gradient units) of exact sums clipped at ``clip_norm``: a power of two times
+    it, so that dividing by it is exact. ``scale_bits`` (U, at most GRID_SCALE_BITS) levels of
+    the clipped loss derivative; the sensitivity in grid units is 2^(GRID_FEATURE_BITS - 1 + U)."""
+    if not 1 <= scale_bits <= GRID_SCALE_BITS:
+        raise ValueError(f"scale_bits must be in [1, {GRID_SCALE_BITS}]")
+    return math.ldexp(float(clip_norm), -(GRID_FEATURE_BITS - 1 + scale_bits))
+
+
+class ExactSum:
+    """An exact integer array, hi * 2^32 + lo with int64 hi and lo (|lo| <= 2^31): sums of up to
+    2^63 * 2^32 in magnitude, added in any order with the same result."""
+
+    __slots__ = ("hi", "lo")
+
+    def __init__(self, hi: np.ndarray, lo: np.ndarray):
+        carry = (lo + (1 << 31)) >> 32
+        self.hi, self.lo = hi + carry, lo - (carry << 32)
+
+    @classmethod
+    def of(cls, values: np.ndarray) -> "ExactSum":
+        """From integers (int64, or float64 integer values below 2^62 in magnitude)."""
+        values = np.asarray(values)
+        return cls(np.zeros(values.shape, np.int64), values.astype(np.int64))
+
+    @classmethod
+    def zeros(cls, shape) -> "ExactSum":
+        return cls(np.zeros(shape, np.int64), np.zeros(shape, np.int64))
+
+    @property
+    def shape(self) -> tuple:
+        return self.lo.shape
+
+    def __add__(self, other: "ExactSum") -> "ExactSum":
+        if isinstance(other, ExactSum):
+            return ExactSum(self.hi + other.hi, self.lo + other.lo)
+        other = np.asarray(other)
+        if other.dtype.kind not in "iu":
+            raise TypeError("an exact sum adds only integers")
+        return ExactSum(self.hi, self.lo + other.astype(np.int64))
+
+    __radd__ = __add__
+
+    def to_float(self) -> np.ndarray:
+        """The value in float64 (one rounding, a function of the exact value alone)."""
+        return np.ldexp(self.hi.astype(np.float64), 32) + self.lo.astype(np.float64)
+
+    def __eq__(self, other) -> bool:
+        return (isinstance(other, ExactSum) and np.array_equal(self.hi, other.hi)
+                and np.array_equal(self.lo, other.lo))
+
+    def __reduce__(self):
+        return (ExactSum, (self.hi, self.lo))
+
+
+def quantized_rows(features: np.ndarray, fit_intercept: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(q, shift): the rows (x_i, fit_intercept) as q_i 2^shift_i with q_i integer-valued float64
+    (m, d + 1), |q_ij| <= 2^GRID_FEATURE_BITS and the largest at least half that (a zero row:
+    q_i = 0). Exact scaling by powers of two and one rounding per entry; no overflow for any
+    finite input."""
+    m, d = features.shape
+    rows = np.empty((m, d + 1))
+    rows[:, :d] = features
+    rows[:, d] = float(fit_intercept)
+    _, exponents = np.frexp(np.max(np.abs(rows), axis=1) if d + 1 else np.zeros(m))
+    shift = exponents.astype(np.int64) - GRID_FEATURE_BITS
+    with _quiet():   # entries far below their row's largest underflow to 0: rounded away anyway
+        q = np.rint(np.ldexp(rows, -shift[:, None]))
+    return q, shift
+
+
+def block_quantized_rows(block, fit_intercept: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``quantized_rows`` of a Block's features and the rows' norms ||q_i||, kept on the block:
+    a full-batch run quantizes each cached block once, not at every step."""
+    memo = getattr(block, "_quantized", None)
+    if memo is None or memo[0] != fit_intercept:
+        q, shift = quantized_rows(block.features, fit_intercept)
+        memo = (fit_intercept, q, shift, np.sqrt(np.einsum("ij,ij->i", q, q)))
+        block._quantized = memo
+    return memo[1], memo[2], memo[3]
+
+
+_ROW_GROUP = 8
+
+
+def _padded_matvec(rows: np.ndarray, theta: np.ndarray) -> np.ndarray:
+    """rows @ theta.T by BLAS, the rows padded with zeros to a multiple of _ROW_GROUP."""
+    m = rows.shape[0]
+    padded = -(-m // _ROW_GROUP) * _ROW_GROUP
+    if padded != m:
+        full = np.zeros((padded, rows.shape[1]))
+        full[:m] = rows
+        rows = full
+    return (rows @ theta.T)[:m]
+
+
+@functools.lru_cache(maxsize=None)
+def _blas_rows_stable() -> bool:
+    """Whether ``_padded_matvec`` gives each row the same bits wherever it sits (other offsets,
+    lengths, copies), on integer rows like the quantized ones, at widths and lengths like the
+    kernel's chunks: checked once per process (~10 ms)."""
+    generator = np.random.default_rng(12345)
+    for width in (9, 52, 257, 2049):
+        rows = np.rint(generator.normal(0, 2.0 ** 18, (1200, width)))
+        theta = generator.normal(0, 1, (2, width))
+        whole = _padded_matvec(rows, theta)
+        for start, length in ((0, 1), (3, 5), (1, 64), (17, 255), (5, 1000), (0, 1200)):
+            part = rows[start:start + length]
+            for candidate in (part, np.array(part)):
+                if not np.array_equal(_padded_matvec(candidate, theta), whole[start:start + length]):
+                    return False
+    return True
+
+
+def _row_scores(rows: np.ndarray, theta: np.ndarray) -> np.ndarray:
+    if _blas_rows_stable():
+        return _padded_matvec(rows, theta)
+    return np.einsum("ij,kj->ik", rows, theta)
+
+
+def exact_clipped_gradient_sum(theta: np.ndarray, q: np.ndarray, shift: np.ndarray,
+                               q_norms: np.ndarray, labels: np.ndarray,
+                               loss: losses_mod.GlmLoss, clip_norm: float,
+                               scale_bits: int = GRID_SCALE_BITS) -> ExactSum:
+    """The sum of the clipped per-example gradients of the quantized rows (q, shift) (from
+    ``quantized_rows``; ``q_norms`` their norms ||q_i||, as ``block_quantized_rows`` keeps
+    them), in units of ``gradient_grid(clip_norm, scale_bits)``: exact, the same for any split
+    of the rows into blocks and any order. Each row adds at most C / grid in norm (see above)."""
+    m = q.shape[0]
+    if m == 0:
+        return ExactSum.zeros(theta.shape)
+    grid = gradient_grid(clip_norm, scale_bits)
+    rows = min(_EXACT_CHUNK_ROWS, max(256, CHUNK_BYTES // (8 * q.shape[1])))
+    total = None
+    for start in range(0, m, rows):
+        chunk = slice(start, start + rows)
+        qc, sc = q[chunk], shift[chunk]
+        with _quiet():
+            scores = np.ldexp(_row_scores(qc, theta), sc[:, None])
+            derivative = loss.derivative(scores, labels[chunk])
+            direction, size = _unit_rows(derivative)
+            # ||gradient_i|| = size * ||q_i|| 2^shift; clipped: size 2^shift <= C / ||q_i||.
+            magnitude = np.minimum(np.ldexp(size, sc),
+                                   clip_norm / np.maximum(q_norms[chunk], 1.0))
+            u = np.trunc(direction * (magnitude / grid)[:, None])      # |u| <= 2^U, integers
+        part = ExactSum.of(u.T @ qc)   # integers below 2^52: exact in float64, any order
         total = part if total is None else total + part
     return total

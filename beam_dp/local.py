@@ -24,7 +24,7 @@ class LocalAggregator:
         for stage in stages:
             total = stage.partial_sum(self.blocks[0], state)
             for block in self.blocks[1:]:
-                total += stage.partial_sum(block, state)
+                total = total + stage.partial_sum(block, state)
             state = stage.apply(state, total)
         return state
 

@@ -23,6 +23,8 @@ only, nothing is asserted):
    (a Beam counter), and the seconds spent in privacy accounting.
 3. The README's example job (``beam-dp make-data``, ``beam-dp train --epsilon 1``, default
    algorithm and runner): wall time and accounting share.
+4. Secure noise (exact integer sums and discrete Gaussian noise) against float noise: a
+   full-batch DP-GD step at n = ``--secure-n``, d = ``--secure-d`` on ``--runner local``.
 
 ``--skip-portable`` leaves out the worker pool rows (they start processes and take a minute).
 Per-step figures are differences of job times: at small sizes or few steps a job's fixed cost
@@ -82,6 +84,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--shards", type=int, default=4, help="Parquet files")
     p.add_argument("--skip-portable", action="store_true", help="no worker-pool rows")
     p.add_argument("--skip-example", action="store_true", help="no README example job")
+    p.add_argument("--skip-secure", action="store_true", help="no secure-noise rows")
+    p.add_argument("--secure-n", type=int, default=2000, help="examples (section 4)")
+    p.add_argument("--secure-d", type=int, default=10_000, help="features (section 4)")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic data and the runs")
     args = p.parse_args(argv)
     if min(args.n, args.d, args.shards, args.batch_size, args.portable_n, args.steps) < 1:
@@ -375,6 +380,22 @@ def main(argv=None) -> int:
                   f"FnApiRunner): wall {r['wall']:.2f} s, exit {r['code']}, accounting "
                   + (f"{acct:.2f} s = {100 * acct / r['wall']:.1f}% (target <= 10%)"
                      if acct is not None else "n/a"))
+
+        # ------------------------------------------------------------- 4. secure noise's cost
+        if not args.skip_secure:
+            sn, sd = args.secure_n, args.secure_d
+            x, y = synthetic.make_dataset("binary", sn, sd, seed=args.seed)
+            sblocks = [data.Block(x, LOSS.encode_labels(y), "secure-bench", 0)]
+            print(f"\n4. Secure noise: a full-batch DP-GD step, n={sn:,}, d={sd:,}, --runner local "
+                  f"(the exact sums' quantized rows are made once per block, outside the steps)")
+            print(f"   {'noise':<44} {'ms/step':>9} {'x float':>8}")
+            timed = {}
+            for noise in ("float", "secure"):
+                stepper = dataclasses.replace(full_batch_step(sn, sd, args.seed), noise=noise)
+                timed[noise] = per_step(lambda: LocalAggregator(sblocks), stepper, sd, args.steps,
+                                        repeats=2)["step"]
+                print(f"   {noise:<44} {timed[noise] * 1e3:9.2f} {timed[noise] / timed['float']:8.2f}")
+            print(f"   => secure / float: {timed['secure'] / timed['float']:.2f} (target <= 1.2)")
         print(f"\nload average at the end {os.getloadavg()[0]:.2f} (figures from a loaded machine are noisy)")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

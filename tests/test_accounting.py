@@ -236,7 +236,7 @@ def test_driver_ledger_matches_its_sampling_and_noise(algorithm, num_examples):
     if num_examples is None:
         assert result.dataset_size["source"].startswith("private estimate")
         assert mechanisms[0] == {"name": "laplace_count", "count": 1, "epsilon": 0.05,
-                                 "sensitivity": 1}
+                                 "sensitivity": 1, "noise": "float Laplace"}
         expected_events.append(ev.LaplaceDpEvent(1 / 0.05))
         mechanisms = mechanisms[1:]
     else:

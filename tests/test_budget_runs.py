@@ -193,8 +193,9 @@ def test_a_run_is_charged_its_releases_once_and_a_fresh_attempt_on_top(tmp_path,
                "FnApiRunner", "--max-steps", "12", "--steps-per-job", "3"]
     assert cli.main(command + ["--checkpoint-dir", str(tmp_path / "ckA")]) == cli.EXIT_MORE_JOBS
     (first,) = _charges(ledger)
-    laplace = [k for k in _leaf_counts(first.event) if k.startswith("LaplaceDpEvent")]
-    assert sum(_leaf_counts(first.event)[k] for k in laplace) == 1   # the count, once
+    # The count, once (a pure-DP event: the default secure noise's discrete Laplace count).
+    counts = [k for k in _leaf_counts(first.event) if k.startswith(("LaplaceDpEvent", "PureDpEvent"))]
+    assert sum(_leaf_counts(first.event)[k] for k in counts) == 1
     once = first.rdp_on(first.orders)
     command[command.index("--max-jobs") + 1] = "100"
     assert cli.main(command + ["--checkpoint-dir", str(tmp_path / "ckB")]) == 0

@@ -22,7 +22,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import pytest
 from dp_accounting import dp_event as ev
-from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.pld import common, pld_privacy_accountant, privacy_loss_distribution
 from dp_accounting.rdp import rdp_privacy_accountant
 from scipy.special import expit
 
@@ -92,7 +92,7 @@ def test_make_data_then_train_local_writes_the_artifacts(tmp_path, cli):
     assert privacy["clip_norm"] == 1.0 and privacy["delta"] == 1e-5
     assert 0 < privacy["epsilon"] < math.inf
     assert [m["name"] for m in privacy["mechanisms"]] == [
-        "laplace_count", "poisson_sampled_gaussian_clipped_gradient_sum"]
+        "discrete_laplace_count", "poisson_sampled_gaussian_clipped_gradient_sum"]
 
     metrics = read_json(out / "metrics.json")
     assert metrics["covered_by_privacy_guarantee"] is False
@@ -140,6 +140,18 @@ def _recompute_epsilon(privacy: dict) -> float:
         if m["name"] == "laplace_count":
             assert m["count"] == 1 and m["sensitivity"] == 1
             accountant.compose(ev.LaplaceDpEvent(1.0 / m["epsilon"]))
+        elif m["name"] == "discrete_laplace_count":
+            # Secure noise: an integer count plus discrete Laplace noise, pure epsilon-DP, and
+            # accounted as any pure epsilon-DP release: dp_accounting's worst-case PLD for
+            # (epsilon, 0), and for RDP min(eps, a eps^2 / 2) (Bun & Steinke 2016).
+            assert m["count"] == 1 and m["sensitivity"] == 1 and m["noise"] == "discrete Laplace"
+            if privacy["accountant"] == "pld":
+                accountant._pld = accountant._pld.compose(
+                    privacy_loss_distribution.from_privacy_parameters(
+                        common.DifferentialPrivacyParameters(m["epsilon"], 0.0)))
+            else:
+                orders = np.asarray(accountant._orders, dtype=float)
+                accountant._rdp += np.minimum(m["epsilon"], orders * m["epsilon"] ** 2 / 2)
     assert names[-1] == "poisson_sampled_gaussian_clipped_gradient_sum"
     q, sigma, steps = (privacy["sampling_probability"], privacy["noise_multiplier"],
                        privacy["steps"])
@@ -167,11 +179,11 @@ def test_report_epsilon_recomputed_independently(tmp_path, cli, small_binary, ac
     assert privacy["requested_epsilon"] == 1.0 and privacy["delta"] == 1e-6
     names = [m["name"] for m in privacy["mechanisms"]]
     if num_examples:
-        assert "laplace_count" not in names
+        assert not {"laplace_count", "discrete_laplace_count"} & set(names)
         assert privacy["dataset_size"] == {"source": "public (--num-examples)", "value": SMALL_N}
         assert privacy["sampling_probability"] == pytest.approx(300 / SMALL_N)
     else:
-        assert names[0] == "laplace_count"
+        assert names[0] == "discrete_laplace_count"   # secure noise: the default for dpsgd
         # The default count budget is 1% of epsilon.
         assert privacy["mechanisms"][0]["epsilon"] == pytest.approx(0.01)
         assert privacy["sampling_probability"] == pytest.approx(

@@ -128,6 +128,36 @@ EQUIVALENCE = {
 }
 
 
+# The algorithms whose default is secure noise (exact integer sums: bit-identical models).
+SECURE = ("dpgd", "dpsgd")
+
+
+@pytest.mark.parametrize("name", SECURE)
+def test_secure_noise_gives_the_same_model_bits_on_any_bundling(tmp_path, cli, request, beam_jobs,
+                                                                 name):
+    """Same seed, other bundles: the in-process runner with two worker threads (each step's input
+    split between them) still gives the local runner's model, bit for bit; for full-batch DP-GD
+    also with other blocks (--batch-rows; DP-SGD's Poisson samples are drawn per block, so its
+    blocks must stay those the seed drew them for)."""
+    dataset, extra = EQUIVALENCE[name]
+    source = request.getfixturevalue(dataset)
+    common = ["train", "--input", source["glob"], "--epsilon", 2.0, "--seed", 99, *extra]
+    assert cli(*common, "--output", tmp_path / "local", "--batch-rows", BATCH_ROWS, *LOCAL).code == 0
+    rows = BATCH_ROWS // 3 if name == "dpgd" else BATCH_ROWS
+    r = cli(*common, "--output", tmp_path / "beam", "--batch-rows", rows, *BEAM,
+            "--direct_num_workers", 2, "--direct_running_mode", "multi_threading")
+    assert r.code == 0, r
+    report = read_json(tmp_path / "local" / "privacy_report.json")
+    assert report["mechanisms"][-1]["noise"].startswith("discrete Gaussian on exact integer sums")
+    assert report["mechanisms"][0]["name"] == "discrete_laplace_count"
+    np.testing.assert_array_equal(model_theta(tmp_path / "beam"), model_theta(tmp_path / "local"))
+    # The float noise of the same run is float-close, not equal: what the exact sums buy.
+    assert cli(*common, "--output", tmp_path / "float", "--batch-rows", BATCH_ROWS, "--noise",
+               "float", *LOCAL).code == 0
+    assert read_json(tmp_path / "float" / "privacy_report.json")["mechanisms"][-1]["noise"] == \
+        "float Gaussian (numpy) on float sums"
+
+
 def test_equivalence_covers_every_registered_algorithm_and_variant():
     names = {key.split("-practical")[0].split("-theory")[0] for key in EQUIVALENCE}
     assert names == set(registry.algorithms())
@@ -155,7 +185,11 @@ def test_same_seed_same_model_on_local_and_beam(tmp_path, cli, request, beam_job
 
     local, beam = model_theta(tmp_path / "local"), model_theta(tmp_path / "beam")
     assert np.linalg.norm(local) > 0
-    np.testing.assert_allclose(beam, local, rtol=1e-9, atol=1e-12 * np.abs(local).max())
+    if name in SECURE:
+        # Secure noise (their default): exact integer sums, so the same model to the bit.
+        np.testing.assert_array_equal(beam, local)
+    else:
+        np.testing.assert_allclose(beam, local, rtol=1e-9, atol=1e-12 * np.abs(local).max())
     reports = [read_json(tmp_path / r / "privacy_report.json") for r in ("local", "beam")]
     assert reports[0]["dataset_size"]["source"].startswith("private")
     assert reports[0]["epsilon"] <= 2.0
@@ -166,7 +200,7 @@ def test_same_seed_same_model_on_local_and_beam(tmp_path, cli, request, beam_job
 # The portable runner: the bundles run in SDK worker processes that a worker pool starts.
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["dp-ambssgd", "dpsgd-f-practical", "dpsgd-f-theory"])
+@pytest.mark.parametrize("name", ["dp-ambssgd", "dpsgd-f-practical", "dpsgd-f-theory", *SECURE])
 def test_same_model_on_external_worker_processes(tmp_path, request, worker_pool, beam_jobs, name):
     from test_multiprocess import _run_with_timeout
 
@@ -184,10 +218,13 @@ def test_same_model_on_external_worker_processes(tmp_path, request, worker_pool,
     log = pool_log.read_text(errors="replace")
     assert beam_jobs and log.count("Starting worker with command") == len(beam_jobs), (
         _kinds(beam_jobs), log)
-    assert beam_jobs[-1]["kind"] == "batches"
+    assert beam_jobs[-1]["kind"] == ("stages" if name == "dpgd" else "batches")
     local, portable = model_theta(tmp_path / "local"), model_theta(tmp_path / "portable")
     assert np.linalg.norm(local) > 0
-    np.testing.assert_allclose(portable, local, rtol=1e-9, atol=1e-12 * np.abs(local).max())
+    if name in SECURE:   # exact integer sums: the same bits in another process
+        np.testing.assert_array_equal(portable, local)
+    else:
+        np.testing.assert_allclose(portable, local, rtol=1e-9, atol=1e-12 * np.abs(local).max())
 
 
 # ============================================================================ 2. jobs per run

@@ -6,9 +6,10 @@ probability ALPHA (see the derivation next to each check).
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from scipy import stats
 
-from beam_dp import accounting, losses, mechanisms
+from beam_dp import accounting, clipping, losses, mechanisms
 from beam_dp.algorithms import noisy_gd
 from beam_dp.algorithms.base import TrainState
 from beam_dp.sampling import PoissonSampler
@@ -22,31 +23,48 @@ LEARNING_RATE = 2.0
 CLASSES, DIM = 3, 50      # theta is (3, 51): 153 coordinates per step
 
 
-def _step(seed=2024, fit_intercept=True):
+# Both kinds of noise: "secure" (discrete Gaussian on the exact integer sum, scaled back by the
+# grid) and "float" (numpy's Gaussian on a float sum). With the grid at 2^-39 C the discrete
+# Gaussian's scale is ~4e11 grid units: its variance is sigma^2 to within 1e-20, so the same
+# tolerances hold for both.
+NOISES = pytest.mark.parametrize("noise", noisy_gd.NOISE_KINDS)
+
+
+def _step(seed=2024, fit_intercept=True, noise="secure"):
     return noisy_gd.NoisyGradientStep(
         loss=losses.make_loss("softmax", num_classes=CLASSES), clip_norm=CLIP_NORM,
         noise_std=NOISE_MULTIPLIER * CLIP_NORM, normalizer=NORMALIZER,
         learning_rate=LEARNING_RATE, sampler=PoissonSampler(0.1, seed), seed=seed,
-        shape=(CLASSES, DIM + 1), fit_intercept=fit_intercept)
+        shape=(CLASSES, DIM + 1), fit_intercept=fit_intercept, noise=noise)
 
 
 def _theta0():
     return np.random.default_rng(0).standard_normal((CLASSES, DIM + 1))
 
 
+def _as_total(step_fn, values):
+    """A step's sum holding ``values`` (gradient units): for secure noise the exact integer sum
+    nearest them on the step's grid."""
+    if not step_fn.secure:
+        return values
+    grid = clipping.gradient_grid(step_fn.clip_norm, step_fn.scale_bits)
+    return clipping.ExactSum.of(np.rint(values / grid))
+
+
 def _noise_on_theta(step_fn, step, total=None):
     """theta_after - theta_before for one step from a state at ``step``."""
     theta0 = _theta0()
     state = TrainState(theta0.copy(), np.zeros_like(theta0), step)
-    total = np.zeros_like(theta0) if total is None else total
+    total = step_fn.zero_sum() if total is None else _as_total(step_fn, total)
     new = step_fn.apply(state, total)
     assert new.step == step + 1
     np.testing.assert_array_equal(new.theta_sum, new.theta)  # theta_sum was zero
     return new.theta - theta0
 
 
-def test_noise_on_theta_has_the_calibrated_std():
-    step_fn = _step()
+@NOISES
+def test_noise_on_theta_has_the_calibrated_std(noise):
+    step_fn = _step(noise=noise)
     steps = 40
     noise = np.stack([_noise_on_theta(step_fn, t) for t in range(steps)]).ravel()
     n = noise.size                                   # 40 * 153 = 6120 draws
@@ -61,23 +79,27 @@ def test_noise_on_theta_has_the_calibrated_std():
     assert abs(noise.mean()) < stats.norm.isf(ALPHA / 2) * s / np.sqrt(n)
 
 
-def test_noise_is_added_to_the_total_and_normalized_by_the_public_constant():
-    step_fn = _step()
+@NOISES
+def test_noise_is_added_to_the_total_and_normalized_by_the_public_constant(noise):
+    step_fn = _step(noise=noise)
     total = np.random.default_rng(5).standard_normal((CLASSES, DIM + 1)) * 10
     with_total = _noise_on_theta(step_fn, 7, total)
     without = _noise_on_theta(step_fn, 7)
+    # (Secure: the total on the grid, 2^-40 here, so within 1e-12 of it.)
     np.testing.assert_allclose(with_total - without, -LEARNING_RATE * total / NORMALIZER,
-                               rtol=1e-12, atol=1e-12)
+                               rtol=1e-11, atol=1e-11)
 
 
-def test_same_seed_same_noise_other_seed_other_noise():
-    a = _noise_on_theta(_step(seed=31), 3)
-    np.testing.assert_array_equal(a, _noise_on_theta(_step(seed=31), 3))
-    assert not np.allclose(a, _noise_on_theta(_step(seed=32), 3))
+@NOISES
+def test_same_seed_same_noise_other_seed_other_noise(noise):
+    a = _noise_on_theta(_step(seed=31, noise=noise), 3)
+    np.testing.assert_array_equal(a, _noise_on_theta(_step(seed=31, noise=noise), 3))
+    assert not np.allclose(a, _noise_on_theta(_step(seed=32, noise=noise), 3))
 
 
-def test_different_steps_draw_independent_noise():
-    step_fn = _step()
+@NOISES
+def test_different_steps_draw_independent_noise(noise):
+    step_fn = _step(noise=noise)
     steps = 60
     noise = np.stack([_noise_on_theta(step_fn, t).ravel() for t in range(steps)])
     # Pairs (step t, step t+1) of the same coordinate: for independent draws their sample
@@ -89,8 +111,9 @@ def test_different_steps_draw_independent_noise():
     assert len({row.tobytes() for row in noise}) == steps
 
 
-def test_no_intercept_means_no_noise_on_the_intercept():
-    step_fn = _step(fit_intercept=False)
+@NOISES
+def test_no_intercept_means_no_noise_on_the_intercept(noise):
+    step_fn = _step(fit_intercept=False, noise=noise)
     for t in range(5):
         noise = _noise_on_theta(step_fn, t)
         assert np.all(noise[:, -1] == 0.0)

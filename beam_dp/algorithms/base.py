@@ -180,7 +180,8 @@ def run_chunks(aggregator: Aggregator, step_fn: Stage, state: TrainState, total_
 
 def run_step(step_fn: Stage, batch: Sequence, state: TrainState) -> TrainState:
     """One step over its batch (a list of Blocks, one per tag), on the driver."""
-    total = np.zeros(step_fn.shape)
+    make_zero = getattr(step_fn, "zero_sum", None)
+    total = make_zero() if make_zero is not None else np.zeros(step_fn.shape)
     for block in batch:
-        total += step_fn.selected_sum(block, state)
+        total = total + step_fn.selected_sum(block, state)
     return step_fn.apply(state, total)

@@ -35,6 +35,7 @@ from beam_dp.losses import MODEL_NAMES, GlmLoss
 from beam_dp.sampling import PoissonSampler
 
 ALGORITHMS = ("dpsgd", "dpgd")
+NOISE_KINDS = ("secure", "float")
 
 
 @dataclasses.dataclass
@@ -49,6 +50,9 @@ class NoisyGDConfig:
     delta: float = 1e-5
     noise_multiplier: float | None = None  # instead of epsilon: report the epsilon it buys
     accountant: str = "pld"
+    # "secure": integer noise on exact integer sums; "float": numpy's float noise on float sums;
+    # None: secure (the registry's default for dpgd and dpsgd).
+    noise: str | None = "float"
     num_examples: int | None = None    # public dataset size; otherwise a Laplace count
     count_epsilon: float | None = None  # budget of that count (default 1% of epsilon, or 0.01)
     average_iterates: bool | None = None  # default: on for dpgd, off for dpsgd
@@ -77,6 +81,8 @@ class NoisyGDConfig:
                 raise ValueError(f"{name} must be a positive number, got {value}")
         if not self.delta < 1:
             raise ValueError("delta must be below 1")
+        if self.noise is not None and self.noise not in NOISE_KINDS:
+            raise ValueError(f"noise must be one of {', '.join(NOISE_KINDS)}, got {self.noise!r}")
         if self.rank is not None and self.rank < 1:
             raise ValueError("--rank must be at least 1")
         if self.max_steps < 1:
@@ -106,6 +112,17 @@ class NoisyGradientStep:
     shape: tuple            # of theta: (outputs, features + 1)
     fit_intercept: bool = True
     transform: Callable | None = None   # per-example feature map, applied to the sampled rows
+    noise: str = "secure"   # "secure": exact integer sums + discrete Gaussian; "float": numpy's
+
+    @property
+    def secure(self) -> bool:
+        return self.noise == "secure"
+
+    @property
+    def scale_bits(self) -> int:
+        """Levels of the clipped loss derivative on the exact grid: GRID_SCALE_BITS, fewer where
+        the noise in grid units would pass 2^48 (a noise multiplier above ~500)."""
+        return secure_scale_bits(self.noise_std / self.clip_norm)
 
     @property
     def batch_plan(self) -> PoissonPlan | None:
@@ -115,20 +132,42 @@ class NoisyGradientStep:
     def partial_sum(self, block, state: TrainState) -> np.ndarray:
         return self.selected_sum(self.sampler.select(block, state.step), state)
 
-    def selected_sum(self, batch, state: TrainState) -> np.ndarray:
-        """The clipped gradient sum of rows already selected for ``state.step``."""
+    def selected_sum(self, batch, state: TrainState):
+        """The clipped gradient sum of rows already selected for ``state.step``: with secure
+        noise an exact integer sum in units of ``clipping.gradient_grid`` (``ExactSum``), else
+        a float sum."""
         if self.transform is not None:
             batch = self.transform(batch)
+        if self.secure:
+            q, shift, norms = clipping.block_quantized_rows(batch, self.fit_intercept)
+            return clipping.exact_clipped_gradient_sum(state.theta, q, shift, norms, batch.labels,
+                                                       self.loss, self.clip_norm, self.scale_bits)
         return clipping.clipped_gradient_sum(state.theta, batch.features, batch.sq_norms,
                                              batch.labels, self.loss, self.clip_norm,
                                              self.fit_intercept)
 
-    def apply(self, state: TrainState, total: np.ndarray) -> TrainState:
-        noise = mechanisms.gaussian_noise(
-            mechanisms.rng(self.seed, mechanisms.STREAM_NOISE, state.step), total.shape, self.noise_std)
-        if not self.fit_intercept:
-            noise[:, -1] = 0.0
-        theta = state.theta - self.learning_rate * (total + noise) / self.normalizer
+    def zero_sum(self):
+        """The sum over no rows (a bundle or batch without any)."""
+        return clipping.ExactSum.zeros(self.shape) if self.secure else np.zeros(self.shape)
+
+    def apply(self, state: TrainState, total) -> TrainState:
+        if self.secure:
+            # Integer noise on the exact integer sum (see ``secure_noise_note``), scaled back.
+            grid = clipping.gradient_grid(self.clip_norm, self.scale_bits)
+            noise = mechanisms.discrete_gaussian(
+                mechanisms.secure_generator(self.seed, mechanisms.STREAM_NOISE, state.step),
+                self.noise_std / grid, self.shape)
+            if not self.fit_intercept:
+                noise[:, -1] = 0
+            noisy = (total + noise).to_float() * grid
+        else:
+            noise = mechanisms.gaussian_noise(
+                mechanisms.rng(self.seed, mechanisms.STREAM_NOISE, state.step), total.shape,
+                self.noise_std)
+            if not self.fit_intercept:
+                noise[:, -1] = 0.0
+            noisy = total + noise
+        theta = state.theta - self.learning_rate * noisy / self.normalizer
         return TrainState(theta, state.theta_sum + theta, state.step + 1)
 
 
@@ -150,6 +189,53 @@ class TrainResult:
     # Where the report puts ``preprocessing``: "preprocessing" (private releases before
     # training) or "algorithm_parameters" (a one-pass algorithm's public plan).
     details_name: str = "preprocessing"
+
+
+# The noise's scale in grid units stays within [2^32, 2^48]: from 2^32 it is the rounded
+# Gaussian (``secure_noise_note``), below 2^48 its samples and the sums stay exact in int64 and
+# float64.
+_SECURE_NOISE_BITS = (32, 48)
+
+
+def secure_scale_bits(noise_multiplier: float) -> int:
+    """The exact grid's ``scale_bits`` for a noise multiplier; ValueError where none keeps the
+    noise in grid units within _SECURE_NOISE_BITS."""
+    low, high = _SECURE_NOISE_BITS
+    room = high - (clipping.GRID_FEATURE_BITS - 1) - math.ceil(math.log2(max(noise_multiplier, 1e-300)))
+    bits = min(clipping.GRID_SCALE_BITS, room)
+    if bits < 1 or noise_multiplier * 2.0 ** (clipping.GRID_FEATURE_BITS - 1 + bits) < 2.0 ** low:
+        raise ValueError(f"noise multiplier {noise_multiplier:.3g} is outside what the secure noise "
+                         "handles (about 2^-7 to 2^28); use --noise float")
+    return bits
+
+
+def noise_description(noise: str, noise_multiplier: float) -> str:
+    """How a step's noise is drawn, for the report; ``secure_noise_note`` says why the Gaussian
+    events account for the secure kind."""
+    if noise == "secure":
+        bits = clipping.GRID_FEATURE_BITS - 1 + secure_scale_bits(noise_multiplier)
+        return (f"discrete Gaussian on exact integer sums (grid 2^-{bits} of the clip norm; "
+                "ChaCha20 randomness)")
+    return "float Gaussian (numpy) on float sums"
+
+
+def secure_noise_note() -> str:
+    """Why a secure step is accounted as the Gaussian mechanism of the same noise multiplier.
+
+    A step releases S + Z: S the exact integer sum of the per-example contributions (each an
+    integer vector of L2 norm at most Delta = C / grid, ``beam_dp.clipping``), Z integer noise
+    of scale s = sigma Delta >= 2^32 per coordinate (``secure_scale_bits``), which
+    ``mechanisms.discrete_gaussian`` draws at that scale as round(N(0, s^2)), the discrete
+    Gaussian's law to within total variation 2^-69. Then S + Z = round(S + N(0, s^2 I)): a
+    post-processing of the Gaussian mechanism with sensitivity Delta and noise multiplier sigma,
+    so its GaussianDpEvent (PoissonSampledDpEvent under Poisson sampling) accounts for it
+    exactly, with either accountant. (The exact discrete Gaussian would be covered too: for an
+    integer shift m, D_a(N_Z(m, s^2) || N_Z(0, s^2)) <= a m^2 / (2 s^2), Canonne, Kamath &
+    Steinke 2020, and independent coordinates add.) What the integers buy: nothing released
+    carries floating-point low bits of a sum or of the noise (Mironov 2012), sums are exact, so
+    the same seed gives the same model bits on every runner, and the randomness comes from
+    ChaCha20. The normal variates themselves are numpy's, from ChaCha20 bits."""
+    return " ".join(secure_noise_note.__doc__.split())
 
 
 def _step_event(noise_multiplier: float, q: float) -> events.DpEvent:
@@ -190,10 +276,19 @@ def release_dataset_size(config: NoisyGDConfig, aggregator: Aggregator, seed: in
     count_epsilon = config.count_epsilon or (COUNT_SHARE * config.epsilon if config.epsilon else 0.01)
     scale = 1.0 / count_epsilon
     # Recorded (admitted by a budget ledger across runs, if any) before the count is made.
-    ledger.record("laplace_count", accounting.laplace_count_event(count_epsilon),
-                  epsilon=count_epsilon, sensitivity=1)
-    noisy = aggregator.count() + mechanisms.laplace_noise(
-        mechanisms.rng(seed, mechanisms.STREAM_COUNT), scale)
+    if config.noise != "float":
+        # The count is an integer and its sensitivity 1: a discrete Laplace of scale 1/eps is
+        # eps-DP exactly, accounted as such (a PureDpEvent: dp_accounting's RDP accountant has
+        # no discrete Laplace event, and its continuous Laplace curve would understate it).
+        ledger.record("discrete_laplace_count", accounting.PureDpEvent(count_epsilon),
+                      epsilon=count_epsilon, sensitivity=1, noise="discrete Laplace")
+        noisy = aggregator.count() + int(mechanisms.discrete_laplace(
+            mechanisms.secure_generator(seed, mechanisms.STREAM_COUNT), scale, ()))
+    else:
+        ledger.record("laplace_count", accounting.laplace_count_event(count_epsilon),
+                      epsilon=count_epsilon, sensitivity=1, noise="float Laplace")
+        noisy = aggregator.count() + mechanisms.laplace_noise(
+            mechanisms.rng(seed, mechanisms.STREAM_COUNT), scale)
     return {"source": "private estimate: Laplace count", "value": max(1, int(round(noisy))),
             "count_epsilon": count_epsilon, "laplace_scale": scale,
             "error_bound_95": scale * math.log(20.0),
@@ -244,9 +339,17 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
              "params": r.params} for r in ledger.releases])
     q, sigma, total_steps = plan["sampling_probability"], plan["noise_multiplier"], plan["steps"]
     clip_norm = clip_norm_from(plan["preprocessing"]) if clip_norm_from else config.clip_norm
+    noise = "float" if config.noise == "float" else "secure"
+    if noise == "secure":
+        try:
+            secure_scale_bits(sigma)
+        except ValueError:
+            if config.noise == "secure":
+                raise
+            noise = "float"   # the default, at a noise multiplier secure noise does not handle
     step_event = _step_event(sigma, q)
     step_params = dict(noise_multiplier=sigma, sampling_probability=q, clip_norm=clip_norm,
-                       sensitivity=clip_norm)
+                       sensitivity=clip_norm, noise=noise_description(noise, sigma))
     ledger.record(_step_release_name(q), step_event, count=state.step, **step_params)
     # The whole run's event, for a cheap progress epsilon (one PLD per run, not one per chunk).
     planned = ledger.event_after(_step_release_name(q), step_event, total_steps - state.step,
@@ -258,7 +361,8 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
         normalizer=plan["normalizer"], learning_rate=config.learning_rate,
         sampler=PoissonSampler(q, seed), seed=seed, shape=state.theta.shape,
         fit_intercept=config.fit_intercept,
-        transform=make_transform(plan["preprocessing"]) if make_transform else None)
+        transform=make_transform(plan["preprocessing"]) if make_transform else None,
+        noise=noise)
 
     def after_chunk(new_state: TrainState, k: int) -> None:
         ledger.record(_step_release_name(q), step_event, count=k, **step_params)
@@ -374,17 +478,20 @@ class DpsgdOptions:
     feature_norm: float | None = _FEATURE_NORM
 
 
-def core_config(name: str, options, problem: Problem, exclude=()) -> NoisyGDConfig:
+def core_config(name: str, options, problem: Problem, exclude=(), secure: bool = False) -> NoisyGDConfig:
     """The driver's configuration from an algorithm's declared options (fields of the same name)
-    and the shared problem."""
+    and the shared problem; the noise as asked, else secure only if the algorithm has it."""
     shared = {k: v for k, v in dataclasses.asdict(options).items()
               if k not in exclude and k in NoisyGDConfig.__dataclass_fields__}
-    return NoisyGDConfig(algorithm=name, **dataclasses.asdict(problem.privacy), **shared,
+    privacy = dataclasses.asdict(problem.privacy)
+    if not secure:
+        privacy["noise"] = "float"   # (Algorithm.check refused an explicit "secure")
+    return NoisyGDConfig(algorithm=name, **privacy, **shared,
                          fit_intercept=problem.fit_intercept, steps_per_chunk=problem.steps_per_chunk)
 
 
 def _train_noisy(name: str, options, problem: Problem, aggregator, seed: int, ledger, progress):
-    config = core_config(name, options, problem, exclude=("feature_norm",))
+    config = core_config(name, options, problem, exclude=("feature_norm",), secure=True)
     normalize = features.NormalizeRows(options.feature_norm) if options.feature_norm else None
     result = train(config, problem.loss, problem.dim, aggregator, seed, ledger, progress,
                    problem.checkpoint_dir,
@@ -405,8 +512,8 @@ def _train_dpsgd(options, problem, aggregator, seed, ledger, progress):
 DPGD = Algorithm(
     "dpgd", "classification or regression on up to a few million rows: full-batch noisy "
             "gradient descent; accurate at small epsilon, each step reads all the data",
-    MODEL_NAMES, DpgdOptions, _train_dpgd, warm_start=True)
+    MODEL_NAMES, DpgdOptions, _train_dpgd, warm_start=True, secure_noise=True)
 DPSGD = Algorithm(
     "dpsgd", "large data where a full pass per step is too slow: Poisson-sampled mini-batches, "
              "each step reads only its batch; needs more tuning than dpgd",
-    MODEL_NAMES, DpsgdOptions, _train_dpsgd, warm_start=True)
+    MODEL_NAMES, DpsgdOptions, _train_dpsgd, warm_start=True, secure_noise=True)

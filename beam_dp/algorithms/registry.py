@@ -138,6 +138,9 @@ class Privacy:
     accountant: str = "pld"
     num_examples: int | None = None       # public dataset size; otherwise a private count
     count_epsilon: float | None = None    # budget of that count
+    # "secure": integer noise on exact integer sums; "float": numpy's float noise on float sums;
+    # None: secure where the algorithm has it (Algorithm.secure_noise), float otherwise.
+    noise: str | None = None
 
     def validate(self) -> None:
         if (self.epsilon is None) == (self.noise_multiplier is None):
@@ -148,6 +151,8 @@ class Privacy:
                 raise ValueError(f"{name} must be a positive number")
         if not 0 < self.delta < 1:
             raise ValueError("delta must be in (0, 1)")
+        if self.noise not in (None, "secure", "float"):
+            raise ValueError(f"noise must be 'secure' or 'float', got {self.noise!r}")
         if self.num_examples is not None and not (
                 isinstance(self.num_examples, numbers.Integral) and self.num_examples >= 1):
             raise ValueError("num_examples must be a whole number, at least 1")
@@ -190,6 +195,7 @@ class Algorithm:
     checkpoints: bool = True      # supports --checkpoint-dir (resuming between chunks)
     warm_start: bool = False      # supports --warm-start (starts from a released model)
     no_intercept: bool = True     # can fit a model without an intercept
+    secure_noise: bool = False    # every release: integer noise on exact sums (--noise secure)
 
     def check(self, problem: Problem) -> None:
         """Refuses a problem this algorithm cannot solve, with a message naming the choice."""
@@ -200,6 +206,9 @@ class Algorithm:
             raise ValueError(f"{self.name} does not support --checkpoint-dir (it makes one pass)")
         if not problem.fit_intercept and not self.no_intercept:
             raise ValueError(f"{self.name} always fits an intercept; drop --no-intercept")
+        if problem.privacy.noise == "secure" and not self.secure_noise:
+            raise ValueError(f"{self.name} has no secure noise yet (its releases add numpy's float "
+                             "noise); use --noise float, or dpgd / dpsgd")
 
 
 def algorithms() -> dict[str, Algorithm]:

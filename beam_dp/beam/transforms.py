@@ -119,8 +119,14 @@ class _Step(beam.DoFn):
 
     def finish_bundle(self):
         if self.state is not _UNSET:
-            total = self.total if self.total is not None else np.zeros(self.stage.shape)
+            total = self.total if self.total is not None else zero_sum(self.stage)
             yield WindowedValue((self.first, self.state, total), MIN_TIMESTAMP, [GlobalWindow()])
+
+
+def zero_sum(stage):
+    """A stage's sum over no rows: its own ``zero_sum()`` (an exact sum), else float zeros."""
+    make = getattr(stage, "zero_sum", None)
+    return make() if make is not None else np.zeros(stage.shape)
 
 
 def _final_state(_, stage, outputs):

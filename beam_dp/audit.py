@@ -1,0 +1,206 @@
+"""The statistics of a one-run privacy audit (Steinke, Nasr & Jagielski, "Privacy Auditing with
+One (1) Training Run", NeurIPS 2023, arXiv:2305.08846). Beam-free: numpy and scipy only.
+
+The experiment: each of m canaries is included in the training data independently with
+probability 1/2 (S_i = +1 included, -1 excluded); the mechanism runs once; from its output alone
+an auditor guesses T_i in {+1, -1, 0 = abstain}, with at most r non-abstentions, and W counts the
+correct guesses (T_i = S_i). The paper's approximate-DP main theorem (Theorem 5.2; Theorem 3.1 is
+its delta = 0 case) says: if the mechanism is (epsilon, delta)-DP with respect to adding or
+removing any one canary, then for every v
+
+    P[W >= v] <= f(v) + 2 m delta max_{1 <= i <= v} (f(v - i) - f(v)) / i,
+    f(v) = P[Binomial(r, e^eps / (1 + e^eps)) >= v],
+
+i.e. the guesses can beat eps-randomized response only through the delta slack, and that slack
+costs at most a 2 m delta multiple of the binomial mass just below v (the max over i > v adds
+nothing: f(v - i) = 1 there, so the ratio only falls). The right-hand side is therefore a valid
+p-value for the hypothesis "(eps, delta)-DP" once v correct guesses are observed, and the audit's
+epsilon lower bound is the largest eps it rejects, found by bisection as in the paper's App. D.
+
+Why a lower bound at all: (eps', delta)-DP implies (eps, delta)-DP for every eps >= eps', so
+rejecting eps rejects every eps' below it as well; and it needs one training run, not hundreds,
+because the m canaries are m parallel coin flips whose dependence the theorem accounts for
+without group privacy.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+
+import numpy as np
+from scipy import special
+
+# The default numbers of guesses, as fractions of m: fixed before any score is seen.
+DEFAULT_GUESS_FRACTIONS = (1 / 50, 1 / 20, 1 / 10, 1 / 5, 1 / 2, 1)
+
+# Ties among scores are broken by keys from this fixed seed: independent of the inclusion bits
+# whatever the canaries' order (breaking them by index would leak an order sorted by inclusion).
+_TIE_BREAK_SEED = 20230515
+
+_BISECTION_TOLERANCE = 1e-7
+
+
+def _check_count(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an integer count, got {value!r}")
+    return int(value)
+
+
+def _check_delta_confidence(delta, confidence) -> tuple[float, float]:
+    delta, confidence = float(delta), float(confidence)
+    if not 0.0 <= delta < 1.0:  # also rejects NaN
+        raise ValueError(f"delta must be in [0, 1), got {delta!r}")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    return delta, confidence
+
+
+def _check_counts(m, r, v) -> tuple[int, int, int]:
+    m, r, v = _check_count("m", m), _check_count("r", r), _check_count("v", v)
+    if not 0 <= v <= r <= m:
+        raise ValueError(f"need 0 <= v <= r <= m (correct <= guesses <= canaries), "
+                         f"got v={v}, r={r}, m={m}")
+    return m, r, v
+
+
+def _p_value_of_epsilon(m: int, r: int, v: int, delta: float):
+    """eps -> Theorem 5.2's p-value for fixed counts. The binomial coefficients do not depend on
+    eps, so bisection re-evaluates only k log q + (r - k) log(1 - q) over k = 0..r."""
+    if v == 0:
+        return lambda epsilon: 1.0  # W >= 0 always holds
+    successes = np.arange(r + 1)
+    log_coefficients = (special.gammaln(r + 1) - special.gammaln(successes + 1)
+                        - special.gammaln(r - successes + 1))
+    window_widths = np.arange(1, v + 1)
+
+    def p_value_at(epsilon: float) -> float:
+        # q = e^eps / (1 + e^eps), the accuracy of eps-randomized response
+        log_q, log_not_q = special.log_expit(epsilon), special.log_expit(-epsilon)
+        pmf = np.exp(log_coefficients + successes * log_q + (r - successes) * log_not_q)
+        tail = float(np.sum(pmf[v:]))  # f(v) = P[Binomial(r, q) >= v]
+        if delta == 0.0:
+            return min(tail, 1.0)
+        # (f(v - i) - f(v)) / i = P[v - i <= Binomial < v] / i for i = 1..v: one cumulative sum
+        slope = float(np.max(np.cumsum(pmf[v - 1::-1]) / window_widths))
+        return min(tail + 2.0 * m * delta * slope, 1.0)
+
+    return p_value_at
+
+
+def p_value(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
+    """Theorem 5.2's bound on P[W >= v] for an (epsilon, delta)-DP mechanism: the p-value of v
+    correct guesses out of r (m canaries) under that hypothesis. 1.0 when v = 0."""
+    m, r, v = _check_counts(m, r, v)
+    delta, _ = _check_delta_confidence(delta, 0.5)
+    if not (math.isfinite(epsilon) and epsilon >= 0):
+        raise ValueError(f"epsilon must be finite and >= 0, got {epsilon!r}")
+    return _p_value_of_epsilon(m, r, v, delta)(float(epsilon))
+
+
+def epsilon_lower_bound(m: int, r: int, v: int, delta: float, confidence: float = 0.95) -> float:
+    """The epsilon that v correct guesses out of r (m canaries, each included independently with
+    probability 1/2) show to be violated at the given confidence: for every eps' below the returned
+    value, a mechanism that were (eps', delta)-DP would produce >= v correct guesses with
+    probability below 1 - confidence (Theorem 5.2's p-value, ``p_value``). 0.0 when even eps = 0
+    is not rejected, i.e. nothing can be claimed.
+
+    Bisection keeps p_value(lo) < 1 - confidence, so the returned ``lo`` is itself rejected (it
+    lies within 1e-7 below the crossing) and never overstates; rejecting lo rejects each smaller eps
+    because (eps', delta)-DP implies (lo, delta)-DP. The delta term grows with m * delta: with
+    2 m delta comparable to 1 the bound is small whatever the guesses.
+    """
+    m, r, v = _check_counts(m, r, v)
+    delta, confidence = _check_delta_confidence(delta, confidence)
+    significance = 1.0 - confidence
+    p_value_at = _p_value_of_epsilon(m, r, v, delta)
+    if p_value_at(0.0) >= significance:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while p_value_at(hi) < significance:  # ends: the p-value -> 1 as eps -> inf
+        lo, hi = hi, 2.0 * hi
+    while hi - lo > _BISECTION_TOLERANCE:
+        middle = 0.5 * (lo + hi)
+        if p_value_at(middle) < significance:
+            lo = middle
+        else:
+            hi = middle
+    return lo
+
+
+def default_guesses(m: int) -> list[int]:
+    """The fixed grid of guess counts r = 2k: m/50, m/20, m/10, m/5, m/2 and m, each rounded to an
+    even number in [2, m]; duplicates dropped. Depends on m only, never on the scores."""
+    m = _check_count("m", m)
+    largest = m - m % 2
+    if largest < 2:
+        return []
+    rounded = (2 * round(m * fraction / 2) for fraction in DEFAULT_GUESS_FRACTIONS)
+    return sorted({min(max(r, 2), largest) for r in rounded})
+
+
+def _check_guesses(guesses, m: int) -> list[int]:
+    if isinstance(guesses, (str, bytes)) or not isinstance(guesses, Sequence) or not guesses:
+        raise ValueError("guesses must be a non-empty list of even guess counts r = 2k")
+    checked = {_check_count("each number of guesses", r) for r in guesses}
+    bad = sorted(r for r in checked if r < 2 or r > m or r % 2)
+    if bad:
+        raise ValueError(f"each number of guesses must be even and in [2, m={m}], got {bad}")
+    return sorted(checked)
+
+
+def audit_from_scores(scores, included, delta: float, confidence: float = 0.95,
+                      guesses: Sequence[int] | None = None) -> dict:
+    """A one-run audit of m canaries from their scores (higher = more likely included) and their
+    true inclusion bits, each of which must have been drawn independently with probability 1/2.
+
+    For each candidate r = 2k the auditor guesses "included" for the k highest scores, "excluded"
+    for the k lowest and abstains on the rest (ties broken by keys from a fixed seed, independent
+    of the bits); v_r counts the correct guesses and ``epsilon_lower_bound`` turns (m, r, v_r)
+    into a bound at confidence 1 - (1 - confidence) / len(grid). The reported bound is the
+    largest of these.
+
+    Why the union bound makes the choice of r honest: taking the best r after seeing the outcome
+    would be a multiple test, and the best of several 95% bounds overstates more than 5% of the
+    time. Here the grid is fixed in advance (``guesses``, or ``default_guesses(m)``) and each bound
+    holds except with probability (1 - confidence) / len(grid), so all hold at once, and hence so
+    does their maximum, except with probability at most 1 - confidence.
+
+    Returns only counts and parameters: {"epsilon_lower_bound", "guesses" (the r reported),
+    "correct" (its v), "canaries": m, "confidence", "delta", "method"}.
+    """
+    delta, confidence = _check_delta_confidence(delta, confidence)
+    scores = np.asarray(scores, dtype=float)
+    included = np.asarray(included)
+    if scores.ndim != 1 or included.shape != scores.shape:
+        raise ValueError(f"scores and included must be 1-D and of the same length, got shapes "
+                         f"{scores.shape} and {included.shape}")
+    if not np.all(np.isfinite(scores)):
+        raise ValueError("scores must be finite")
+    if not np.all((included == 0) | (included == 1)):
+        raise ValueError("included must hold booleans or 0/1")
+    m = scores.size
+    if m < 2:
+        raise ValueError(f"need at least 2 canaries (one guess in, one out), got {m}")
+    grid = default_guesses(m) if guesses is None else _check_guesses(guesses, m)
+    per_test_confidence = 1.0 - (1.0 - confidence) / len(grid)
+
+    tie_keys = np.random.default_rng(_TIE_BREAK_SEED).random(m)
+    ranked_bits = included.astype(bool)[np.lexsort((tie_keys, scores))]  # ascending score
+    included_in_top = np.cumsum(ranked_bits[::-1])  # [k - 1]: included among the k highest
+    excluded_in_bottom = np.cumsum(~ranked_bits)  # [k - 1]: excluded among the k lowest
+    correct = [int(included_in_top[r // 2 - 1] + excluded_in_bottom[r // 2 - 1]) for r in grid]
+    bounds = [epsilon_lower_bound(m, r, v, delta, per_test_confidence)
+              for r, v in zip(grid, correct)]
+    best = int(np.argmax(bounds))
+    return {
+        "epsilon_lower_bound": float(bounds[best]),
+        "guesses": grid[best],
+        "correct": correct[best],
+        "canaries": m,
+        "confidence": confidence,
+        "delta": delta,
+        "method": ("one-run audit (Steinke, Nasr & Jagielski 2023), union bound over the guess "
+                   f"counts {grid}, each tested at confidence {per_test_confidence:.6g}; "
+                   "Theorem 5.2's (epsilon, delta) p-value, inverted by bisection"),
+    }
