@@ -69,13 +69,23 @@ def secure_generator(seed: int, *stream: int) -> np.random.Generator:
     keys of different streams are independent and reveal nothing about the root. The root seed
     must come from ``secure_seed()``; a fixed seed (``--seed``) is for tests and comparisons only.
     """
+    return keyed_generator(stream_key(seed, *stream))
+
+
+def stream_key(seed: int, *stream: int) -> int:
+    """The 256-bit key of one stream: ``blake2b(ids, key=seed)`` (see ``secure_generator``).
+    What a component that draws only from this stream is given instead of the root seed."""
     if not 0 <= seed < 2 ** 128:
         raise ValueError(f"the root seed must be an integer in [0, 2**128), got {seed!r}")
     if not all(0 <= s < 2 ** 64 for s in stream):
         raise ValueError(f"stream ids must be integers in [0, 2**64), got {stream!r}")
     message = b"".join(int(s).to_bytes(8, "little") for s in stream)
     digest = hashlib.blake2b(message, key=int(seed).to_bytes(16, "little"), digest_size=32)
-    key = int.from_bytes(digest.digest(), "little")
+    return int.from_bytes(digest.digest(), "little")
+
+
+def keyed_generator(key: int) -> np.random.Generator:
+    """A ChaCha20 generator from a stream key (``stream_key``)."""
     return np.random.Generator(randomgen.ChaCha(key=key, rounds=20))
 
 

@@ -223,10 +223,14 @@ def test_driver_ledger_matches_its_sampling_and_noise(algorithm, num_examples):
             assert step_fn.sampler.rate == q
             assert step_fn.noise_std == pytest.approx(1.7 * 0.8)
             assert step_fn.normalizer == pytest.approx(q * n)
+            # A job's copy holds its steps' noise keys, not the root seed (``for_steps``).
+            assert step_fn.seed is None and step_fn.sampler.seed != 5
         assert aggregator.chunks == [3, 3, 1]
+        assert [fn.noise_keys[0] for fn in aggregator.step_fns[::3]] == [0, 3, 6]
     else:   # Poisson batches fixed in advance: one plan for the run, each step's batch read once
         ((plan, steps),) = aggregator.plans
-        assert (plan.sampler.rate, plan.sampler.seed, steps) == (q, 5, 7)
+        # The batch job's sampler is keyed by a key derived from the root seed, not the seed.
+        assert (plan.sampler.rate, plan.sampler.seed, steps) == (q, noisy_gd.sampling_seed(5), 7)
         assert plan.expected_rows == pytest.approx(q * n)
         assert aggregator.batch_steps == list(range(7))
         assert aggregator.step_fns == []

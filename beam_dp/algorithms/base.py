@@ -158,7 +158,11 @@ def run_chunks(aggregator: Aggregator, step_fn: Stage, state: TrainState, total_
         while state.step < total_steps:
             remaining = total_steps - state.step
             k = min(steps_per_job or aggregator.steps_per_job(step_fn, remaining, state), remaining)
-            state = aggregator.run_stages([step_fn] * k, state)
+            # A job's copy of the step holds only what its steps draw (``for_steps``), if the
+            # stage can say so; the root seed stays on the driver.
+            restrict = getattr(step_fn, "for_steps", None)
+            stage = restrict(state.step, k) if restrict is not None else step_fn
+            state = aggregator.run_stages([stage] * k, state)
             after_chunk(state, k)
         return state
     if state.step >= total_steps:   # a finished run resumed: its batches are gone, none needed

@@ -107,12 +107,33 @@ class NoisyGradientStep:
     noise_std: float        # std of the Gaussian noise on the clipped sum (sigma * C)
     normalizer: float       # public expected batch size q * n
     learning_rate: float
-    sampler: PoissonSampler
-    seed: int
+    sampler: PoissonSampler   # keyed by a sampling key derived from the root seed, not the seed
+    seed: int | None        # the root seed; None in the copies sent to Beam jobs (``for_steps``)
     shape: tuple            # of theta: (outputs, features + 1)
     fit_intercept: bool = True
     transform: Callable | None = None   # per-example feature map, applied to the sampled rows
     noise: str = "secure"   # "secure": exact integer sums + discrete Gaussian; "float": numpy's
+    # (first step, the noise keys of steps first, first + 1, ...): what a job's copy holds.
+    noise_keys: tuple | None = None
+
+    def for_steps(self, first: int, count: int) -> "NoisyGradientStep":
+        """The step for a job running steps first .. first + count - 1: the root seed replaced by
+        those steps' noise keys, so that the job's graph (which a runner stores and shows its
+        operators) holds nothing from which other steps' noise, the count's noise or the root
+        could be derived."""
+        if self.seed is None:
+            return self
+        keys = tuple(mechanisms.stream_key(self.seed, mechanisms.STREAM_NOISE, t)
+                     for t in range(first, first + count))
+        return dataclasses.replace(self, seed=None, noise_keys=(first, keys))
+
+    def _noise_generator(self, step: int) -> np.random.Generator:
+        if self.seed is not None:
+            return mechanisms.secure_generator(self.seed, mechanisms.STREAM_NOISE, step)
+        first, keys = self.noise_keys
+        if not first <= step < first + len(keys):
+            raise ValueError(f"this copy of the step holds no noise key for step {step}")
+        return mechanisms.keyed_generator(keys[step - first])
 
     @property
     def secure(self) -> bool:
@@ -154,16 +175,14 @@ class NoisyGradientStep:
         if self.secure:
             # Integer noise on the exact integer sum (see ``secure_noise_note``), scaled back.
             grid = clipping.gradient_grid(self.clip_norm, self.scale_bits)
-            noise = mechanisms.discrete_gaussian(
-                mechanisms.secure_generator(self.seed, mechanisms.STREAM_NOISE, state.step),
-                self.noise_std / grid, self.shape)
+            noise = mechanisms.discrete_gaussian(self._noise_generator(state.step),
+                                                 self.noise_std / grid, self.shape)
             if not self.fit_intercept:
                 noise[:, -1] = 0
             noisy = (total + noise).to_float() * grid
         else:
-            noise = mechanisms.gaussian_noise(
-                mechanisms.rng(self.seed, mechanisms.STREAM_NOISE, state.step), total.shape,
-                self.noise_std)
+            noise = mechanisms.gaussian_noise(self._noise_generator(state.step), total.shape,
+                                              self.noise_std)
             if not self.fit_intercept:
                 noise[:, -1] = 0.0
             noisy = total + noise
@@ -207,6 +226,12 @@ def secure_scale_bits(noise_multiplier: float) -> int:
         raise ValueError(f"noise multiplier {noise_multiplier:.3g} is outside what the secure noise "
                          "handles (about 2^-7 to 2^28); use --noise float")
     return bits
+
+
+def sampling_seed(seed: int) -> int:
+    """The Poisson sampler's seed: a 128-bit key derived from the root seed (a PRF), so that the
+    batch job's graph, which holds the sampler, holds nothing else of the run's randomness."""
+    return mechanisms.stream_key(seed, mechanisms.STREAM_SAMPLING) >> 128
 
 
 def noise_description(noise: str, noise_multiplier: float) -> str:
@@ -359,7 +384,7 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
     step_fn = NoisyGradientStep(
         loss=loss, clip_norm=clip_norm, noise_std=sigma * clip_norm,
         normalizer=plan["normalizer"], learning_rate=config.learning_rate,
-        sampler=PoissonSampler(q, seed), seed=seed, shape=state.theta.shape,
+        sampler=PoissonSampler(q, sampling_seed(seed)), seed=seed, shape=state.theta.shape,
         fit_intercept=config.fit_intercept,
         transform=make_transform(plan["preprocessing"]) if make_transform else None,
         noise=noise)
