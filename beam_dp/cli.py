@@ -164,9 +164,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     privacy.add_argument("--count-epsilon", type=float, default=None,
                          help="budget of that count; default: a share of --epsilon (see README)")
     privacy.add_argument("--noise", choices=("secure", "float"), default=None,
-                         help="secure: discrete noise on exact integer sums, from a "
-                              "cryptographic generator (default for dpgd and dpsgd); float: "
-                              "numpy's float noise on float sums (the others, for now)")
+                         help="secure (dpgd, dpsgd): discrete noise on exact integer sums from "
+                              "a cryptographic generator, the same model bits on every runner; "
+                              "float (the default): numpy's float noise on float sums")
     privacy.add_argument("--seed", type=int, default=None,
                          help="fixed seed, for tests and comparisons only; default: the OS's "
                               "secure randomness")

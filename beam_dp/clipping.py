@@ -440,6 +440,15 @@ def _row_scores(rows: np.ndarray, theta: np.ndarray) -> np.ndarray:
     return np.einsum("ij,kj->ik", rows, theta)
 
 
+def _unit_derivatives(derivative: np.ndarray):
+    """``_unit_rows`` of the loss derivatives (m, k); for one output (every loss but softmax)
+    simply (sign, |l'|), NaN counting as 0 as there."""
+    if derivative.shape[1] != 1:
+        return _unit_rows(derivative)
+    values = np.where(np.isnan(derivative), 0.0, derivative)
+    return np.sign(values), np.abs(values[:, 0])
+
+
 def exact_clipped_gradient_sum(theta: np.ndarray, q: np.ndarray, shift: np.ndarray,
                                q_norms: np.ndarray, labels: np.ndarray,
                                loss: losses_mod.GlmLoss, clip_norm: float,
@@ -460,7 +469,7 @@ def exact_clipped_gradient_sum(theta: np.ndarray, q: np.ndarray, shift: np.ndarr
         with _quiet():
             scores = np.ldexp(_row_scores(qc, theta), sc[:, None])
             derivative = loss.derivative(scores, labels[chunk])
-            direction, size = _unit_rows(derivative)
+            direction, size = _unit_derivatives(derivative)
             # ||gradient_i|| = size * ||q_i|| 2^shift; clipped: size 2^shift <= C / ||q_i||,
             # less _CLIP_MARGIN: the float quotient, the norm (a float sum of d squares) and the
             # unit direction each carry a few roundings, which must not carry a row past C

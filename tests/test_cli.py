@@ -92,7 +92,7 @@ def test_make_data_then_train_local_writes_the_artifacts(tmp_path, cli):
     assert privacy["clip_norm"] == 1.0 and privacy["delta"] == 1e-5
     assert 0 < privacy["epsilon"] < math.inf
     assert [m["name"] for m in privacy["mechanisms"]] == [
-        "discrete_laplace_count", "poisson_sampled_gaussian_clipped_gradient_sum"]
+        "laplace_count", "poisson_sampled_gaussian_clipped_gradient_sum"]
 
     metrics = read_json(out / "metrics.json")
     assert metrics["covered_by_privacy_guarantee"] is False
@@ -183,7 +183,7 @@ def test_report_epsilon_recomputed_independently(tmp_path, cli, small_binary, ac
         assert privacy["dataset_size"] == {"source": "public (--num-examples)", "value": SMALL_N}
         assert privacy["sampling_probability"] == pytest.approx(300 / SMALL_N)
     else:
-        assert names[0] == "discrete_laplace_count"   # secure noise: the default for dpsgd
+        assert names[0] == "laplace_count"
         # The default count budget is 1% of epsilon.
         assert privacy["mechanisms"][0]["epsilon"] == pytest.approx(0.01)
         assert privacy["sampling_probability"] == pytest.approx(

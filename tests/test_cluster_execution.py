@@ -128,7 +128,7 @@ EQUIVALENCE = {
 }
 
 
-# The algorithms whose default is secure noise (exact integer sums: bit-identical models).
+# The algorithms with secure noise (--noise secure; exact integer sums: bit-identical models).
 SECURE = ("dpgd", "dpsgd")
 
 
@@ -141,7 +141,8 @@ def test_secure_noise_gives_the_same_model_bits_on_any_bundling(tmp_path, cli, r
     blocks must stay those the seed drew them for)."""
     dataset, extra = EQUIVALENCE[name]
     source = request.getfixturevalue(dataset)
-    common = ["train", "--input", source["glob"], "--epsilon", 2.0, "--seed", 99, *extra]
+    common = ["train", "--input", source["glob"], "--epsilon", 2.0, "--seed", 99, *extra,
+              "--noise", "secure"]
     assert cli(*common, "--output", tmp_path / "local", "--batch-rows", BATCH_ROWS, *LOCAL).code == 0
     rows = BATCH_ROWS // 3 if name == "dpgd" else BATCH_ROWS
     r = cli(*common, "--output", tmp_path / "beam", "--batch-rows", rows, *BEAM,
@@ -152,8 +153,7 @@ def test_secure_noise_gives_the_same_model_bits_on_any_bundling(tmp_path, cli, r
     assert report["mechanisms"][0]["name"] == "discrete_laplace_count"
     np.testing.assert_array_equal(model_theta(tmp_path / "beam"), model_theta(tmp_path / "local"))
     # The float noise of the same run is float-close, not equal: what the exact sums buy.
-    assert cli(*common, "--output", tmp_path / "float", "--batch-rows", BATCH_ROWS, "--noise",
-               "float", *LOCAL).code == 0
+    assert cli(*common[:-2], "--output", tmp_path / "float", "--batch-rows", BATCH_ROWS, *LOCAL).code == 0
     assert read_json(tmp_path / "float" / "privacy_report.json")["mechanisms"][-1]["noise"] == \
         "float Gaussian (numpy) on float sums"
 
@@ -170,7 +170,7 @@ def test_same_seed_same_model_on_local_and_beam(tmp_path, cli, request, beam_job
     dataset, extra = EQUIVALENCE[name]
     source = request.getfixturevalue(dataset)
     common = ["train", "--input", source["glob"], "--epsilon", 2.0, "--seed", 20261123,
-              "--batch-rows", BATCH_ROWS, *extra]
+              "--batch-rows", BATCH_ROWS, *extra, *(["--noise", "secure"] if name in SECURE else [])]
     r = cli(*common, "--output", tmp_path / "local", *LOCAL)
     assert r.code == 0, r
     assert beam_jobs == []
@@ -186,7 +186,7 @@ def test_same_seed_same_model_on_local_and_beam(tmp_path, cli, request, beam_job
     local, beam = model_theta(tmp_path / "local"), model_theta(tmp_path / "beam")
     assert np.linalg.norm(local) > 0
     if name in SECURE:
-        # Secure noise (their default): exact integer sums, so the same model to the bit.
+        # Secure noise: exact integer sums, so the same model to the bit.
         np.testing.assert_array_equal(beam, local)
     else:
         np.testing.assert_allclose(beam, local, rtol=1e-9, atol=1e-12 * np.abs(local).max())
@@ -208,7 +208,8 @@ def test_same_model_on_external_worker_processes(tmp_path, request, worker_pool,
     dataset, extra = EQUIVALENCE[name]
     source = request.getfixturevalue(dataset)
     common = [str(a) for a in ["train", "--input", source["glob"], "--epsilon", 2.0, "--seed", 7,
-                               "--batch-rows", BATCH_ROWS, *extra]]
+                               "--batch-rows", BATCH_ROWS, *extra,
+                               *(["--noise", "secure"] if name in SECURE else [])]]
     assert _run_with_timeout(common + ["--output", str(tmp_path / "local"), *LOCAL]) == 0
     assert _run_with_timeout(common + [
         "--output", str(tmp_path / "portable"), "--runner", "PortableRunner",

@@ -30,7 +30,7 @@ CLASSES, DIM = 3, 50      # theta is (3, 51): 153 coordinates per step
 NOISES = pytest.mark.parametrize("noise", noisy_gd.NOISE_KINDS)
 
 
-def _step(seed=2024, fit_intercept=True, noise="secure"):
+def _step(seed=2024, fit_intercept=True, noise="float"):
     return noisy_gd.NoisyGradientStep(
         loss=losses.make_loss("softmax", num_classes=CLASSES), clip_norm=CLIP_NORM,
         noise_std=NOISE_MULTIPLIER * CLIP_NORM, normalizer=NORMALIZER,

@@ -50,9 +50,8 @@ class NoisyGDConfig:
     delta: float = 1e-5
     noise_multiplier: float | None = None  # instead of epsilon: report the epsilon it buys
     accountant: str = "pld"
-    # "secure": integer noise on exact integer sums; "float": numpy's float noise on float sums;
-    # None: secure (the registry's default for dpgd and dpsgd).
-    noise: str | None = "float"
+    # "secure": integer noise on exact integer sums; "float" (or None): numpy's float noise.
+    noise: str | None = None
     num_examples: int | None = None    # public dataset size; otherwise a Laplace count
     count_epsilon: float | None = None  # budget of that count (default 1% of epsilon, or 0.01)
     average_iterates: bool | None = None  # default: on for dpgd, off for dpsgd
@@ -112,7 +111,7 @@ class NoisyGradientStep:
     shape: tuple            # of theta: (outputs, features + 1)
     fit_intercept: bool = True
     transform: Callable | None = None   # per-example feature map, applied to the sampled rows
-    noise: str = "secure"   # "secure": exact integer sums + discrete Gaussian; "float": numpy's
+    noise: str = "float"   # "secure": exact integer sums + discrete Gaussian; "float": numpy's
     # (first step, the noise keys of steps first, first + 1, ...): what a job's copy holds.
     noise_keys: tuple | None = None
 
@@ -210,9 +209,9 @@ class TrainResult:
     details_name: str = "preprocessing"
 
 
-# The noise's scale in grid units stays within [2^32, 2^48]: from 2^32 it is the rounded
-# Gaussian (``secure_noise_note``), below 2^48 its samples and the sums stay exact in int64 and
-# float64.
+# The noise's scale in grid units stays within [2^32, 2^48]: from 2^32 the discrete Gaussian is
+# within 2^-69 of the rounded Gaussian (``secure_noise_note``); below 2^48 its samples and the
+# sums stay exact in int64 and float64.
 _SECURE_NOISE_BITS = (32, 48)
 
 
@@ -240,27 +239,42 @@ def noise_description(noise: str, noise_multiplier: float) -> str:
     if noise == "secure":
         bits = clipping.GRID_FEATURE_BITS - 1 + secure_scale_bits(noise_multiplier)
         return (f"discrete Gaussian on exact integer sums (grid 2^-{bits} of the clip norm; "
-                "ChaCha20 randomness)")
+                "ChaCha20 randomness; accounted as the Gaussian plus sampler_delta_bound)")
     return "float Gaussian (numpy) on float sums"
 
 
 def secure_noise_note() -> str:
-    """Why a secure step is accounted as the Gaussian mechanism of the same noise multiplier.
+    """Why a secure step is accounted as the Gaussian mechanism, plus ``sampler_delta_bound``.
 
     A step releases S + Z: S the exact integer sum of the per-example contributions (each an
-    integer vector of L2 norm at most Delta = C / grid, ``beam_dp.clipping``), Z integer noise
-    of scale s = sigma Delta >= 2^32 per coordinate (``secure_scale_bits``), which
-    ``mechanisms.discrete_gaussian`` draws at that scale as round(N(0, s^2)), the discrete
-    Gaussian's law to within total variation 2^-69. Then S + Z = round(S + N(0, s^2 I)): a
-    post-processing of the Gaussian mechanism with sensitivity Delta and noise multiplier sigma,
-    so its GaussianDpEvent (PoissonSampledDpEvent under Poisson sampling) accounts for it
-    exactly, with either accountant. (The exact discrete Gaussian would be covered too: for an
-    integer shift m, D_a(N_Z(m, s^2) || N_Z(0, s^2)) <= a m^2 / (2 s^2), Canonne, Kamath &
-    Steinke 2020, and independent coordinates add.) What the integers buy: nothing released
-    carries floating-point low bits of a sum or of the noise (Mironov 2012), sums are exact, so
-    the same seed gives the same model bits on every runner, and the randomness comes from
-    ChaCha20. The normal variates themselves are numpy's, from ChaCha20 bits."""
+    integer vector of L2 norm at most Delta = C / grid, ``beam_dp.clipping``), Z a vector of
+    draws of ``mechanisms.discrete_gaussian`` at scale s = sigma Delta >= 2^32 per coordinate.
+    Compare with S + round(N(0, s^2 I)) = round(S + N(0, s^2 I)): a post-processing of the
+    Gaussian mechanism of noise multiplier sigma, so its GaussianDpEvent (PoissonSampledDpEvent
+    under Poisson sampling, whose randomness is the same in both) gives its (epsilon, delta), by
+    either accountant. Each draw's law is within total variation tau of round(N(0, s^2)): the
+    exact discrete Gaussian is within 1/(48 s^2) of it (each unit interval's mass against the
+    density at its centre: Taylor's remainder), and the sampler within ~2^-50 of the exact law
+    (its floating-point acceptance tests). Total variations add over the T D draws of a run,
+    whatever the adaptivity, so for every set of outputs the run's probabilities move by at most
+    T D tau from the Gaussian's: the guarantee holds with delta + (1 + e^eps) T D tau
+    (``sampler_delta_bound``, in the report). A run refuses secure noise where that passes
+    1e-3 delta (large epsilon, or very many coordinates and steps). Not claimed: that the
+    discrete Gaussian is dominated by the Gaussian's PLD or (under subsampling) its RDP curve."""
     return " ".join(secure_noise_note.__doc__.split())
+
+
+# The samplers' distance to their exact laws per draw (``mechanisms.discrete_gaussian``).
+_SAMPLER_TV = 2.0 ** -50
+
+
+def sampler_delta_bound(noise_multiplier: float, coordinates: int, steps: int,
+                        epsilon: float) -> float:
+    """(1 + e^eps) T D tau: what the secure noise can add to the Gaussian's delta
+    (``secure_noise_note``)."""
+    s = noise_multiplier * 2.0 ** (clipping.GRID_FEATURE_BITS - 1 + secure_scale_bits(noise_multiplier))
+    tau = 1.0 / (48.0 * s * s) + _SAMPLER_TV
+    return (1.0 + math.exp(min(epsilon, 700.0))) * steps * coordinates * tau
 
 
 def _step_event(noise_multiplier: float, q: float) -> events.DpEvent:
@@ -301,7 +315,7 @@ def release_dataset_size(config: NoisyGDConfig, aggregator: Aggregator, seed: in
     count_epsilon = config.count_epsilon or (COUNT_SHARE * config.epsilon if config.epsilon else 0.01)
     scale = 1.0 / count_epsilon
     # Recorded (admitted by a budget ledger across runs, if any) before the count is made.
-    if config.noise != "float":
+    if config.noise == "secure":
         # The count is an integer and its sensitivity 1: a discrete Laplace of scale 1/eps is
         # eps-DP exactly, accounted as such (a PureDpEvent: dp_accounting's RDP accountant has
         # no discrete Laplace event, and its continuous Laplace curve would understate it).
@@ -364,17 +378,22 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
              "params": r.params} for r in ledger.releases])
     q, sigma, total_steps = plan["sampling_probability"], plan["noise_multiplier"], plan["steps"]
     clip_norm = clip_norm_from(plan["preprocessing"]) if clip_norm_from else config.clip_norm
-    noise = "float" if config.noise == "float" else "secure"
+    noise = config.noise or "float"
+    sampler_delta = None
     if noise == "secure":
-        try:
-            secure_scale_bits(sigma)
-        except ValueError:
-            if config.noise == "secure":
-                raise
-            noise = "float"   # the default, at a noise multiplier secure noise does not handle
+        epsilon = config.epsilon if config.epsilon is not None else accounting.epsilon_of(
+            ledger.event_after(_step_release_name(q), _step_event(sigma, q),
+                               total_steps - state.step), config.delta, config.accountant)
+        sampler_delta = sampler_delta_bound(sigma, int(np.prod(state.theta.shape)), total_steps,
+                                            epsilon)
+        if sampler_delta > 1e-3 * config.delta:
+            raise ValueError(f"secure noise's samplers could add {sampler_delta:.2g} to delta at "
+                             f"epsilon {epsilon:.3g} over these steps; use --noise float")
     step_event = _step_event(sigma, q)
     step_params = dict(noise_multiplier=sigma, sampling_probability=q, clip_norm=clip_norm,
                        sensitivity=clip_norm, noise=noise_description(noise, sigma))
+    if sampler_delta is not None:
+        step_params["sampler_delta_bound"] = sampler_delta
     ledger.record(_step_release_name(q), step_event, count=state.step, **step_params)
     # The whole run's event, for a cheap progress epsilon (one PLD per run, not one per chunk).
     planned = ledger.event_after(_step_release_name(q), step_event, total_steps - state.step,
