@@ -18,7 +18,9 @@ TRUST_MODEL = (
     "checkpoints, each a post-processing of noised releases. It protects the presence or absence "
     "of any one example (one row) of the training input; it does not protect a person who "
     "contributes several rows beyond what group privacy gives, nor the validation data, nor "
-    "hyperparameters chosen by looking at the data, which are treated as public.")
+    "hyperparameters chosen by looking at the data, which are treated as public. A runner's job "
+    "graphs and staging location are inside the boundary too: a DP-GD job's graph holds the "
+    "noise keys of its steps.")
 
 
 def model_artifact(loss: losses_mod.GlmLoss, theta: np.ndarray, feature_columns, label_column,

@@ -328,7 +328,8 @@ def release_dataset_size(config: NoisyGDConfig, aggregator: Aggregator, seed: in
                       epsilon=count_epsilon, sensitivity=1, noise="float Laplace")
         noisy = aggregator.count() + mechanisms.laplace_noise(
             mechanisms.rng(seed, mechanisms.STREAM_COUNT), scale)
-    return {"source": "private estimate: Laplace count", "value": max(1, int(round(noisy))),
+    kind = "discrete Laplace" if config.noise == "secure" else "Laplace"
+    return {"source": f"private estimate: {kind} count", "value": max(1, int(round(noisy))),
             "count_epsilon": count_epsilon, "laplace_scale": scale,
             "error_bound_95": scale * math.log(20.0),
             "normalizer_floor": scale * math.log(1.0 / (2.0 * COUNT_FAILURE))}
@@ -394,6 +395,8 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
                        sensitivity=clip_norm, noise=noise_description(noise, sigma))
     if sampler_delta is not None:
         step_params["sampler_delta_bound"] = sampler_delta
+        if secure_noise_note() not in ledger.notes:
+            ledger.notes.append(secure_noise_note())
     ledger.record(_step_release_name(q), step_event, count=state.step, **step_params)
     # The whole run's event, for a cheap progress epsilon (one PLD per run, not one per chunk).
     planned = ledger.event_after(_step_release_name(q), step_event, total_steps - state.step,
