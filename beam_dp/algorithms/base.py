@@ -182,10 +182,16 @@ def run_chunks(aggregator: Aggregator, step_fn: Stage, state: TrainState, total_
     return state
 
 
+def zero_sum(stage: Stage):
+    """A stage's sum over no rows: its own ``zero_sum()`` (e.g. an exact integer sum), else
+    float zeros."""
+    make = getattr(stage, "zero_sum", None)
+    return make() if make is not None else np.zeros(stage.shape)
+
+
 def run_step(step_fn: Stage, batch: Sequence, state: TrainState) -> TrainState:
     """One step over its batch (a list of Blocks, one per tag), on the driver."""
-    make_zero = getattr(step_fn, "zero_sum", None)
-    total = make_zero() if make_zero is not None else np.zeros(step_fn.shape)
+    total = zero_sum(step_fn)
     for block in batch:
         total = total + step_fn.selected_sum(block, state)
     return step_fn.apply(state, total)

@@ -4,7 +4,6 @@ from __future__ import annotations
 from typing import Sequence
 
 import apache_beam as beam
-import numpy as np
 import pyarrow as pa
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
@@ -15,6 +14,7 @@ from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_dp import data
+from beam_dp.algorithms.base import zero_sum
 from beam_dp.beam.cache import ShardCache
 from beam_dp.losses import GlmLoss
 from beam_dp.stats import record_releases
@@ -121,12 +121,6 @@ class _Step(beam.DoFn):
         if self.state is not _UNSET:
             total = self.total if self.total is not None else zero_sum(self.stage)
             yield WindowedValue((self.first, self.state, total), MIN_TIMESTAMP, [GlobalWindow()])
-
-
-def zero_sum(stage):
-    """A stage's sum over no rows: its own ``zero_sum()`` (an exact sum), else float zeros."""
-    make = getattr(stage, "zero_sum", None)
-    return make() if make is not None else np.zeros(stage.shape)
 
 
 def _final_state(_, stage, outputs):
