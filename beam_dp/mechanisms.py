@@ -2,8 +2,10 @@
 
 Every random draw of a job comes from one 128-bit root seed: from the OS's secure randomness
 (``secrets``) unless the user passes ``--seed`` for a reproducible comparison. Draws are split
-into independent streams by (purpose, step, block) with numpy's SeedSequence, so the local and the
-Beam runner draw identical noise and samples for the same seed, whatever the order of execution.
+into independent streams by (purpose, step, block), with numpy's SeedSequence (``rng``: Poisson
+sampling, statistics) or a keyed hash (``stream_key``: the ChaCha20 streams of the training
+noise), so the local and the Beam runner draw identical noise and samples for the same seed,
+whatever the order of execution.
 
 Caveat (written in the README): ``gaussian_noise`` and ``laplace_noise`` are numpy's floating-point
 samplers, not the discrete or snapping mechanisms that defend against floating-point attacks.
@@ -77,7 +79,7 @@ def stream_key(seed: int, *stream: int) -> int:
     """The 256-bit key of one stream: ``blake2b(ids, key=seed)`` (see ``secure_generator``).
     What a component that draws only from this stream is given instead of the root seed."""
     if not 0 <= seed < 2 ** 128:
-        raise ValueError(f"the root seed must be an integer in [0, 2**128), got {seed!r}")
+        raise ValueError("the root seed must be an integer in [0, 2**128)")   # (not echoed)
     if not all(0 <= s < 2 ** 64 for s in stream):
         raise ValueError(f"stream ids must be integers in [0, 2**64), got {stream!r}")
     message = b"".join(int(s).to_bytes(8, "little") for s in stream)
