@@ -271,3 +271,24 @@ def test_a_daily_job_on_a_real_table_with_default_flags(tmp_path):
     model = json.loads(first["model.json"])
     assert model["feature_columns"] == ["student", "balance", "income"]
     assert all(np.isfinite(model["coefficients"]))
+
+
+def test_secure_noise_resumed_run_reports_the_uninterrupted_runs_sampler_bound(tmp_path, data):
+    """--noise secure with --noise-multiplier: the samplers' delta bound uses the whole run's
+    epsilon, so a run resumed after --max-jobs reports what the uninterrupted one does (it
+    counted only the steps left, found in review), and the same model bits."""
+    flags = ["--noise", "secure", "--noise-multiplier", "2.0", "--runner", "FnApiRunner",
+             "--seed", "5", "--steps", "12", "--algorithm", "dpgd", "--steps-per-job", "3"]
+    assert cli.main(["train", "--input", data, "--output", str(tmp_path / "whole"), *flags,
+                     "--checkpoint-dir", str(tmp_path / "ck0")]) == 0
+    command = ["train", "--input", data, "--output", str(tmp_path / "out"), *flags,
+               "--checkpoint-dir", str(tmp_path / "ck"), "--max-jobs", "2"]
+    codes = [cli.main(command)]
+    while codes[-1] == cli.EXIT_MORE_JOBS and len(codes) < 10:
+        codes.append(cli.main(command))
+    assert codes[-1] == 0 and len(codes) >= 2, codes
+    reports = [json.loads(_files(tmp_path / x)["privacy_report.json"]) for x in ("whole", "out")]
+    bounds = [r["mechanisms"][-1]["sampler_delta_bound"] for r in reports]
+    assert bounds[0] == bounds[1] and bounds[0] > 0
+    assert json.loads(_files(tmp_path / "out")["model.json"])["coefficients"] == \
+        json.loads(_files(tmp_path / "whole")["model.json"])["coefficients"]

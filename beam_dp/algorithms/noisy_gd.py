@@ -257,7 +257,8 @@ def secure_noise_note() -> str:
     density at its centre: Taylor's remainder), and the sampler within ~2^-50 of the exact law
     (its floating-point acceptance tests). Total variations add over the T D draws of a run,
     whatever the adaptivity, so for every set of outputs the run's probabilities move by at most
-    T D tau from the Gaussian's: the guarantee holds with delta + (1 + e^eps) T D tau
+    T D tau from the Gaussian's (plus 2^-50 for the count's discrete Laplace draw): the
+    guarantee holds with delta + (1 + e^eps) (T D tau + 2^-50)
     (``sampler_delta_bound``, in the report). A run refuses secure noise where that passes
     1e-3 delta (large epsilon, or very many coordinates and steps). Not claimed: that the
     discrete Gaussian is dominated by the Gaussian's PLD or (under subsampling) its RDP curve."""
@@ -270,11 +271,12 @@ _SAMPLER_TV = 2.0 ** -50
 
 def sampler_delta_bound(noise_multiplier: float, coordinates: int, steps: int,
                         epsilon: float) -> float:
-    """(1 + e^eps) T D tau: what the secure noise can add to the Gaussian's delta
-    (``secure_noise_note``)."""
+    """(1 + e^eps) (T D tau + tau_count): what the secure noise can add to the Gaussian's delta
+    (``secure_noise_note``), the count's one discrete Laplace draw (accounted as pure DP)
+    included, as if there were one."""
     s = noise_multiplier * 2.0 ** (clipping.GRID_FEATURE_BITS - 1 + secure_scale_bits(noise_multiplier))
     tau = 1.0 / (48.0 * s * s) + _SAMPLER_TV
-    return (1.0 + math.exp(min(epsilon, 700.0))) * steps * coordinates * tau
+    return (1.0 + math.exp(min(epsilon, 700.0))) * (steps * coordinates * tau + _SAMPLER_TV)
 
 
 def _step_event(noise_multiplier: float, q: float) -> events.DpEvent:
@@ -323,13 +325,14 @@ def release_dataset_size(config: NoisyGDConfig, aggregator: Aggregator, seed: in
                       epsilon=count_epsilon, sensitivity=1, noise="discrete Laplace")
         noisy = aggregator.count() + int(mechanisms.discrete_laplace(
             mechanisms.secure_generator(seed, mechanisms.STREAM_COUNT), scale, ()))
+        source = "private estimate: discrete Laplace count"
     else:
         ledger.record("laplace_count", accounting.laplace_count_event(count_epsilon),
                       epsilon=count_epsilon, sensitivity=1, noise="float Laplace")
         noisy = aggregator.count() + mechanisms.laplace_noise(
             mechanisms.rng(seed, mechanisms.STREAM_COUNT), scale)
-    kind = "discrete Laplace" if config.noise == "secure" else "Laplace"
-    return {"source": f"private estimate: {kind} count", "value": max(1, int(round(noisy))),
+        source = "private estimate: Laplace count"
+    return {"source": source, "value": max(1, int(round(noisy))),
             "count_epsilon": count_epsilon, "laplace_scale": scale,
             "error_bound_95": scale * math.log(20.0),
             "normalizer_floor": scale * math.log(1.0 / (2.0 * COUNT_FAILURE))}
@@ -382,9 +385,11 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
     noise = config.noise or "float"
     sampler_delta = None
     if noise == "secure":
+        # The ledger holds the releases before training (a resumed run's too): with all the
+        # steps, the run's epsilon.
         epsilon = config.epsilon if config.epsilon is not None else accounting.epsilon_of(
-            ledger.event_after(_step_release_name(q), _step_event(sigma, q),
-                               total_steps - state.step), config.delta, config.accountant)
+            ledger.event_after(_step_release_name(q), _step_event(sigma, q), total_steps),
+            config.delta, config.accountant)
         sampler_delta = sampler_delta_bound(sigma, int(np.prod(state.theta.shape)), total_steps,
                                             epsilon)
         if sampler_delta > 1e-3 * config.delta:
