@@ -37,12 +37,25 @@ def rng(seed: int, *stream: int) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=stream)))
 
 
+# A test-only hook: every noise draw of the product is scaled by this factor. The audit's tests
+# set it to 0.1 (a "broken build" whose noise is 10x too small) and check that
+# ``beam-dp audit`` then reports a lower bound above the claimed epsilon. No flag, option or
+# environment variable sets it; an audit report records it, so a broken build cannot pass for
+# a sound one.
+NOISE_SCALE_FOR_TESTS = 1.0
+
+
 def gaussian_noise(generator: np.random.Generator, shape, std: float) -> np.ndarray:
-    return generator.normal(0.0, std, size=shape)
+    return generator.normal(0.0, std * NOISE_SCALE_FOR_TESTS, size=shape)
 
 
 def laplace_noise(generator: np.random.Generator, scale: float) -> float:
-    return float(generator.laplace(0.0, scale))
+    return float(generator.laplace(0.0, scale * NOISE_SCALE_FOR_TESTS))
+
+
+def gumbel_noise(generator: np.random.Generator, size) -> np.ndarray:
+    """Standard Gumbel draws, for the exponential mechanism's Gumbel-max sampling."""
+    return generator.gumbel(0.0, NOISE_SCALE_FOR_TESTS, size=size)
 
 
 # --------------------------------------------------------------------------------------------
@@ -105,7 +118,7 @@ def discrete_laplace(generator: np.random.Generator, scale: float, size) -> np.n
     The difference of two independent geometric counts with ratio exp(-1/scale) has exactly this
     law; see ``_geometric_failures`` for why these are not numpy's ``geometric``.
     """
-    scale = _check_scale("scale", scale)
+    scale = _check_scale("scale", scale * NOISE_SCALE_FOR_TESTS)
     return _geometric_failures(generator, scale, size) - _geometric_failures(generator, scale, size)
 
 
@@ -127,7 +140,7 @@ def discrete_gaussian(generator: np.random.Generator, sigma: float, size) -> np.
     Timing side channel: the number of rejection rounds depends on the values drawn; batching a
     whole vector hides individual values only partly, as the total time still leaks a little.
     """
-    sigma = _check_scale("sigma", sigma)
+    sigma = _check_scale("sigma", sigma * NOISE_SCALE_FOR_TESTS)
     proposal_scale = math.floor(sigma) + 1
     center = sigma * sigma / proposal_scale
 

@@ -80,7 +80,7 @@ def exponential_mechanism_quantile(counts: np.ndarray, grid: np.ndarray, rank: f
     instead of anywhere on the grid (the target then sits E ranks from the end, not p T).
     """
     utility = quantile_utility(counts, len(grid), rank, quantile, margin)
-    scores = epsilon * utility / 2.0 + generator.gumbel(size=len(grid))
+    scores = epsilon * utility / 2.0 + mechanisms.gumbel_noise(generator, len(grid))
     return float(grid[int(np.argmax(scores))])
 
 

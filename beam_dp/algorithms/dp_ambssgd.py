@@ -153,11 +153,11 @@ class AmbssgdStep:
         cumulative = np.cumsum(total[:, 0])
         level = self.levels
         for i in range(self.levels + 1):   # the doubling search: fresh noise per level
-            if cumulative[i] + g.normal(0.0, self.sigma_stat) >= self.stat_size - self.margin:
+            if cumulative[i] + mechanisms.gaussian_noise(g, (), self.sigma_stat) >= self.stat_size - self.margin:
                 level = i
                 break
         zeta = self.feature_norm * min(self.thresholds()[level], self.bound)
-        noise = g.normal(0.0, self.sigma_grad * zeta, size=self.dim + 1)
+        noise = mechanisms.gaussian_noise(g, self.dim + 1, self.sigma_grad * zeta)
         theta = state.theta - self.learning_rate / self.batch_size * (total[level, 1:] + noise)[None, :]
         in_tail = state.step >= self.tail_start
         return TrainState(theta, state.theta_sum + theta if in_tail else state.theta_sum, state.step + 1)

@@ -74,7 +74,7 @@ class GramStage:
 
 
 def _symmetric_noise(g: np.random.Generator, size: int, std: float) -> np.ndarray:
-    upper = np.triu(g.normal(0.0, std, size=(size, size)))
+    upper = np.triu(mechanisms.gaussian_noise(g, (size, size), std))
     return upper + np.triu(upper, 1).T
 
 
@@ -106,14 +106,14 @@ def train(config: NoisyGDConfig, s_config: SspConfig, loss: GlmLoss, dim: int, a
     xtx, xty = gram[:-1, :-1], gram[:-1, -1]
     size = dim + 1
     if s_config.ridge is None:
-        lam_min = np.linalg.eigvalsh(xtx)[0] + g.normal(0.0, sigma * k)
+        lam_min = np.linalg.eigvalsh(xtx)[0] + mechanisms.gaussian_noise(g, (), sigma * k)
         tail = math.sqrt(2.0 * math.log(2.0 / RHO))
         noise_bound = sigma * k * (2.0 * math.sqrt(size) + tail)
         ridge = max(0.0, noise_bound - (lam_min - sigma * k * tail))
     else:
         ridge = s_config.ridge
     noisy_xtx = xtx + _symmetric_noise(g, size, sigma * k) + ridge * np.eye(size)
-    noisy_xty = xty + g.normal(0.0, sigma * math.sqrt(k) * c_y, size=size)
+    noisy_xty = xty + mechanisms.gaussian_noise(g, size, sigma * math.sqrt(k) * c_y)
     try:
         theta = scipy.linalg.solve(noisy_xtx, noisy_xty, assume_a="sym")
     except (np.linalg.LinAlgError, scipy.linalg.LinAlgError):
