@@ -59,11 +59,50 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
     everything the run will have released before it releases more (``beam_dp.ledger``'s
     budget across runs; it raises to refuse).
     """
+    run = _run(X, y, input=input, algorithm=algorithm, model=model, epsilon=epsilon, delta=delta,
+               noise_multiplier=noise_multiplier, accountant=accountant,
+               num_examples=num_examples, count_epsilon=count_epsilon, noise=noise,
+               num_classes=num_classes, huber_delta=huber_delta, fit_intercept=fit_intercept,
+               label_column=label_column, feature_columns=feature_columns, runner=runner,
+               pipeline_args=pipeline_args, batch_rows=batch_rows, seed=seed,
+               steps_per_job=steps_per_job, checkpoint_dir=checkpoint_dir, progress=progress,
+               warm_start=warm_start, max_jobs=max_jobs, budget_gate=budget_gate, options=options)
+    artifact = report.model_artifact(run.loss, run.result.theta, run.feature_columns, label_column,
+                                     run.algorithm.name, fit_intercept, run.result.feature_transform)
+    privacy_report = report.privacy_report(run.ledger, run.privacy, run.result, run.algorithm,
+                                           run.options, seed_fixed=seed is not None)
+    for message in _warnings(privacy_report, run.result.dataset_size):
+        privacy_report.setdefault("warnings", []).append(message)
+        warnings.warn(message, PrivacyWarning, stacklevel=2)
+    return Model(artifact, privacy_report)
+
+
+@dataclasses.dataclass
+class _Run:
+    """A finished training run, before its model artifact and report are made."""
+
+    result: object              # the algorithm's TrainResult
+    ledger: accounting.Ledger
+    algorithm: registry.Algorithm
+    options: object
+    privacy: registry.Privacy
+    loss: losses.GlmLoss
+    feature_columns: list
+
+
+def _run(X, y, *, input, algorithm, model, epsilon, delta, noise_multiplier, accountant,
+         num_examples, count_epsilon, noise, num_classes, huber_delta, fit_intercept, label_column,
+         feature_columns, runner, pipeline_args, batch_rows, seed, steps_per_job=None,
+         checkpoint_dir=None, progress=None, warm_start=None, max_jobs=None, budget_gate=None,
+         options=None, instrument=None) -> _Run:
+    """``train`` up to its result: what ``train`` and ``beam_dp.audit.run`` share.
+    ``instrument(problem, aggregator) -> (problem, aggregator)``: the audit's canaries (a wider
+    problem, an aggregator that injects them); None for training."""
     chosen = registry.get(algorithm)
     if max_jobs is not None and (max_jobs < 1 or not checkpoint_dir):
         raise ValueError("max_jobs (--max-jobs) must be at least 1 and needs a checkpoint_dir "
                          "(--checkpoint-dir) to go on from")
-    algorithm_options = registry.make_options(chosen.options, options)
+    algorithm_options = registry.make_options(chosen.options, options or {})
     privacy = registry.Privacy(epsilon, delta, noise_multiplier, accountant, num_examples,
                                count_epsilon, noise)
     privacy.validate()
@@ -94,19 +133,14 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
     chosen.check(problem)
     ledger = accounting.Ledger(accountant, chosen.relation, gate=budget_gate)
     try:
+        if instrument is not None:
+            problem, aggregator = instrument(problem, aggregator)
         result = chosen.train(algorithm_options, problem, aggregator,
                               seed if seed is not None else mechanisms.secure_seed(), ledger,
                               progress or (lambda done, total, eps: None))
     finally:
         aggregator.close()
-    artifact = report.model_artifact(loss, result.theta, feature_columns, label_column,
-                                     chosen.name, fit_intercept, result.feature_transform)
-    privacy_report = report.privacy_report(ledger, privacy, result, chosen, algorithm_options,
-                                           seed_fixed=seed is not None)
-    for message in _warnings(privacy_report, result.dataset_size):
-        privacy_report.setdefault("warnings", []).append(message)
-        warnings.warn(message, PrivacyWarning, stacklevel=2)
-    return Model(artifact, privacy_report)
+    return _Run(result, ledger, chosen, algorithm_options, privacy, loss, list(feature_columns))
 
 
 def _warm_start_theta(warm_start, chosen, loss, feature_columns, label_column, fit_intercept,

@@ -24,12 +24,17 @@ without group privacy.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from collections.abc import Sequence
 
 import numpy as np
 from scipy import special
+
+from beam_dp import mechanisms
+from beam_dp.algorithms import base
+from beam_dp.data import Block
 
 # The default numbers of guesses, as fractions of m: fixed before any score is seen.
 DEFAULT_GUESS_FRACTIONS = (1 / 50, 1 / 20, 1 / 10, 1 / 5, 1 / 2, 1)
@@ -203,4 +208,204 @@ def audit_from_scores(scores, included, delta: float, confidence: float = 0.95,
         "method": ("one-run audit (Steinke, Nasr & Jagielski 2023), union bound over the guess "
                    f"counts {grid}, each tested at confidence {per_test_confidence:.6g}; "
                    "Theorem 5.2's (epsilon, delta) p-value, inverted by bisection"),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# The audit run: white-box canaries in a copy of a training configuration
+
+DEFAULT_CANARIES = 1000
+# The audit's own randomness (inclusion bits, canaries' sampling and blocks): a stream of the
+# root seed that no training stream uses.
+_STREAM_AUDIT = 50
+# Rows per block held in memory: each block is widened by m zero columns when it is read.
+_AUDIT_BLOCK_ROWS = 2048
+
+
+@dataclasses.dataclass(frozen=True)
+class Canaries:
+    """m white-box canaries. Canary i owns feature column ``first_column + i``: a column added
+    to the data for the audit, zero in every real row, so no real example's gradient touches it
+    and the canaries do not touch each other's. ``included[i]`` is S_i = +1, drawn with
+    probability 1/2. Each training stage that sums per-example contributions (``canary_sum``)
+    adds, for the included canaries, the largest contribution one example can make to it, on
+    its column; each stage that releases a noisy sum scores them (``canary_scores``)."""
+
+    first_column: int
+    included: np.ndarray        # bool, (m,)
+    key: int                    # the audit's randomness
+
+    @property
+    def count(self) -> int:
+        return int(self.included.size)
+
+    @property
+    def columns(self) -> np.ndarray:
+        return self.first_column + np.arange(self.count)
+
+    def present(self, step: int, rate: float) -> np.ndarray:
+        """The columns of the included canaries a step sampling rows at ``rate`` would take:
+        each independently with that probability, as a row is (all of them at rate 1)."""
+        if rate >= 1.0:
+            return self.columns[self.included]
+        taken = mechanisms.rng(self.key, _STREAM_AUDIT, 1, step).random(self.count) < rate
+        return self.columns[self.included & taken]
+
+    def blocks(self, count: int) -> np.ndarray:
+        """Each canary's block among ``count`` disjoint blocks, uniform, as a row's is."""
+        return mechanisms.rng(self.key, _STREAM_AUDIT, 2, count).integers(0, count, self.count)
+
+
+def _widen(block: Block, extra: int) -> Block:
+    """The block with ``extra`` zero feature columns at the end (norms unchanged)."""
+    zeros = np.zeros((len(block), extra))
+    return Block(np.hstack([block.features, zeros]), block.labels, block.source, block.row_start,
+                 block.sq_norms, block.tag)
+
+
+class _CanaryStage:
+    """A training stage with the canaries injected into its sum, on the widened data."""
+
+    def __init__(self, stage, canaries: Canaries, scores: "_Scores"):
+        self.stage, self.canaries, self.scores = stage, canaries, scores
+
+    @property
+    def shape(self):
+        return self.stage.shape
+
+    @property
+    def batch_plan(self):
+        return getattr(self.stage, "batch_plan", None)
+
+    def zero_sum(self):
+        return base.zero_sum(self.stage)
+
+    def partial_sum(self, block, state):
+        return self.stage.partial_sum(_widen(block, self.canaries.count), state)
+
+    def selected_sum(self, batch, state):
+        return self.stage.selected_sum(_widen(batch, self.canaries.count), state)
+
+    def apply(self, state, total):
+        inject = getattr(self.stage, "canary_sum", None)
+        if inject is not None:
+            total = total + inject(state, self.canaries)
+        new_state = self.stage.apply(state, total)
+        score = getattr(self.stage, "canary_scores", None)
+        if score is not None:
+            self.scores.add(score(state, new_state, self.canaries))
+        return new_state
+
+
+@dataclasses.dataclass
+class _Scores:
+    total: np.ndarray
+    observed: bool = False
+
+    def add(self, scores: np.ndarray) -> None:
+        self.total = self.total + scores
+        self.observed = True
+
+
+class _CanaryAggregator:
+    """The in-process aggregator with the canaries injected into every stage it sums, and into
+    the steps the driver sums itself (``driver_stage``)."""
+
+    def __init__(self, inner, canaries: Canaries, scores: _Scores):
+        self.inner, self.canaries, self.scores = inner, canaries, scores
+
+    def driver_stage(self, stage):
+        return _CanaryStage(stage, self.canaries, self.scores)
+
+    def run_stages(self, stages, state):
+        return self.inner.run_stages([self.driver_stage(s) for s in stages], state)
+
+    def count(self) -> int:
+        return self.inner.count()
+
+    def steps_per_job(self, stage, remaining: int, state=None) -> int:
+        return self.inner.steps_per_job(stage, remaining, state)
+
+    def step_batches(self, plan, steps: int, resume=None, keep: bool = False):
+        return self.inner.step_batches(plan, steps, resume, keep)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def run(X=None, y=None, *, input=None, canaries: int = DEFAULT_CANARIES,
+        confidence: float = 0.95, algorithm: str = "dpgd", model: str = "logistic",
+        epsilon: float | None = None, delta: float = 1e-5, noise_multiplier: float | None = None,
+        accountant: str = "pld", num_examples: int | None = None,
+        count_epsilon: float | None = None, noise: str | None = None,
+        num_classes: int | None = None, huber_delta: float = 1.0, fit_intercept: bool = True,
+        label_column: str = "label", feature_columns=None, seed: int | None = None,
+        progress=None, **options) -> dict:
+    """A one-run audit of a training configuration (the arguments of ``beam_dp.train``): trains
+    it once, in-process, with ``canaries`` white-box canaries, and returns the audit report:
+    the claimed (epsilon, delta), the empirical lower bound at ``confidence`` and how it was
+    found. Nothing else of the run is kept: not its model, not the scores.
+
+    The copy differs from the configuration in three ways, all written in the report: m zero
+    feature columns are added (the canaries' own), so that whatever an algorithm derives from
+    the number of features d (a default clip or feature norm, a rank) is derived from d + m;
+    it runs in-process (``runner="local"``: the sums are the same on every runner, bit for bit
+    with secure noise, so this audits the same mechanism); and its blocks are small (each is
+    widened by m columns in memory).
+
+    Its output is a function of a training run on the data: it is a release like any model,
+    and spends the run's epsilon where the data is private.
+    """
+    canaries = _check_count("canaries", canaries)
+    if canaries < 2:
+        raise ValueError(f"canaries must be at least 2, got {canaries}")
+    _check_delta_confidence(delta, confidence)
+    root = mechanisms.secure_seed() if seed is None else seed
+    key = mechanisms.stream_key(root, _STREAM_AUDIT) >> 128
+    included = mechanisms.rng(key, _STREAM_AUDIT, 0).random(canaries) < 0.5
+    scores = _Scores(np.zeros(canaries))
+    planted: dict = {}
+
+    def instrument(problem, aggregator):
+        planted["canaries"] = Canaries(problem.dim, included, key)
+        wider = dataclasses.replace(problem, dim=problem.dim + canaries)
+        return wider, _CanaryAggregator(aggregator, planted["canaries"], scores)
+
+    from beam_dp import api
+    audited = api._run(
+        X, y, input=input, algorithm=algorithm, model=model, epsilon=epsilon, delta=delta,
+        noise_multiplier=noise_multiplier, accountant=accountant, num_examples=num_examples,
+        count_epsilon=count_epsilon, noise=noise, num_classes=num_classes,
+        huber_delta=huber_delta, fit_intercept=fit_intercept, label_column=label_column,
+        feature_columns=feature_columns, runner=api.LOCAL, pipeline_args=(),
+        batch_rows=_AUDIT_BLOCK_ROWS, seed=None if seed is None else mechanisms.stream_key(
+            root, _STREAM_AUDIT + 1) >> 128, progress=progress, options=options,
+        instrument=instrument)
+    if scores.observed:
+        values = scores.total
+    else:   # no stage releases its noisy sum before the model (ssp): score the model itself
+        values = -audited.result.theta[0, planted["canaries"].columns]
+    claimed = audited.ledger.epsilon(delta)
+    mechanisms_used = audited.ledger.mechanisms()
+    # Secure noise meets (epsilon, delta + its samplers' slack): the test takes the larger delta,
+    # so that the slack cannot make a sound run look like a violation.
+    tested_delta = delta + sum(m.get("sampler_delta_bound", 0.0) for m in mechanisms_used)
+    found = audit_from_scores(values, included, tested_delta, confidence)
+    return {
+        "algorithm": audited.algorithm.name,
+        "model": model,
+        "claimed_epsilon": claimed,
+        "claimed_delta": delta,
+        "relation": audited.algorithm.relation,
+        "mechanisms": mechanisms_used,
+        **found,
+        "verdict": ("consistent: the lower bound is below the claimed epsilon"
+                    if found["epsilon_lower_bound"] <= claimed else
+                    "VIOLATION: the run leaked more than its claimed epsilon allows"),
+        "canary_scores_from": ("the noisy sums the steps released" if scores.observed
+                               else "the released model"),
+        "copy_of_the_configuration": (
+            f"{canaries} zero feature columns added, one per canary (options derived from the "
+            "number of features are derived from it); trained in-process"),
+        "noise_scale_for_tests": mechanisms.NOISE_SCALE_FOR_TESTS,
     }

@@ -90,8 +90,83 @@ def _requested_algorithm(argv: list[str]) -> str:
     return name
 
 
+def _add_run_arguments(parser, audit: bool) -> None:
+    """The flags of a training configuration: input, model and privacy (``train`` and ``audit``)."""
+    from beam_dp import accounting, losses
+
+    io = parser.add_argument_group("input and output")
+    io.add_argument("--input", required=True, nargs="+", action="extend",
+                    help="Parquet or CSV files: globs (quote them), comma-separated globs, or "
+                         "several paths")
+    io.add_argument("--output", required=True,
+                    help="directory for audit_report.json" if audit else
+                         "directory for model.json, privacy_report.json, metrics.json")
+    io.add_argument("--overwrite", action="store_true",
+                    help="replace an existing --output directory that beam-dp wrote (never "
+                         "anything else)")
+    io.add_argument("--label-column", default="label", help="the label's column")
+    io.add_argument("--feature-columns", type=_columns, default=None,
+                    help="comma-separated; default: every column but the label (CSV: by the "
+                         "header; Parquet: every numeric column by its declared type)")
+    if not audit:
+        io.add_argument("--validation", default=None,
+                        help="glob of validation files for metrics.json (not covered by the "
+                             "guarantee)")
+        io.add_argument("--batch-rows", type=_positive_int, default=65536,
+                        help="rows per block read")
+
+    model = parser.add_argument_group("model")
+    model.add_argument("--model", choices=losses.MODEL_NAMES, default="logistic",
+                       help="logistic (labels 0/1 or -1/+1), softmax (0..K-1), hinge (linear "
+                            "SVM), linear (least squares), huber (robust regression)")
+    model.add_argument("--num-classes", type=int, default=None,
+                       help="number of classes for --model softmax (public)")
+    model.add_argument("--huber-delta", type=float, default=1.0, help="threshold of --model huber")
+    model.add_argument("--no-intercept", dest="fit_intercept", action="store_false",
+                       help="fit no intercept")
+
+    privacy = parser.add_argument_group("privacy")
+    # One of the two is required; checked after the unknown flags (so that a misspelt --epsilom
+    # is named rather than reported as a missing --epsilon).
+    budget = privacy.add_mutually_exclusive_group()
+    budget.add_argument("--epsilon", type=float, help="target epsilon: the noise is calibrated to it")
+    budget.add_argument("--noise-multiplier", type=float,
+                        help="instead of --epsilon: this noise, and report the epsilon it buys")
+    privacy.add_argument("--delta", type=float, default=1e-5,
+                         help="target delta; keep it well below 1/n")
+    privacy.add_argument("--accountant", choices=accounting.ACCOUNTANTS, default="pld",
+                         help="privacy accountant (dp_accounting)")
+    privacy.add_argument("--num-examples", type=_positive_int, default=None,
+                         help="public dataset size; without it n is a private Laplace count")
+    privacy.add_argument("--count-epsilon", type=float, default=None,
+                         help="budget of that count; default: a share of --epsilon (see README)")
+    privacy.add_argument("--noise", choices=("secure", "float"), default=None,
+                         help="secure (dpgd, dpsgd): discrete noise on exact integer sums from "
+                              "a cryptographic generator, the same model bits on every runner; "
+                              "float (the default): numpy's float noise on float sums")
+    privacy.add_argument("--seed", type=int, default=None,
+                         help="fixed seed, for tests and comparisons only; default: the OS's "
+                              "secure randomness")
+
+
+def _add_algorithm_arguments(parser, argv, algorithms) -> None:
+    """--algorithm and the chosen algorithm's own flags (from its declared options)."""
+    from beam_dp.algorithms import registry
+
+    algo = parser.add_argument_group("algorithm")
+    algo.add_argument("--algorithm", choices=tuple(algorithms), default=DEFAULT_ALGORITHM,
+                      help="the optimizer; see the list below")
+    name = _requested_algorithm(list(argv or []))
+    if name in algorithms:
+        chosen = algorithms[name]
+        about = f"{chosen.use_when}. Models: {', '.join(chosen.models)}."
+        group = parser.add_argument_group(f"{name} options", textwrap.fill(about, 78))
+        registry.add_arguments(group, chosen.options)
+
+
+
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
-    from beam_dp import accounting, losses, synthetic
+    from beam_dp import accounting, synthetic
     from beam_dp.algorithms import registry
 
     algorithms = registry.algorithms()
@@ -121,56 +196,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         epilog=f"algorithms (--algorithm; `beam-dp train --algorithm X --help` lists X's own "
                f"flags, `beam-dp algorithms` all of them):\n{listing}\n\n"
                "Unknown flags are passed to Beam's PipelineOptions.")
-    io = train.add_argument_group("input and output")
-    io.add_argument("--input", required=True, nargs="+", action="extend",
-                    help="Parquet or CSV files: globs (quote them), comma-separated globs, or "
-                         "several paths")
-    io.add_argument("--output", required=True,
-                    help="directory for model.json, privacy_report.json, metrics.json")
-    io.add_argument("--overwrite", action="store_true",
-                    help="replace an existing --output directory that beam-dp wrote (never "
-                         "anything else)")
-    io.add_argument("--label-column", default="label", help="the label's column")
-    io.add_argument("--feature-columns", type=_columns, default=None,
-                    help="comma-separated; default: every column but the label (CSV: by the "
-                         "header; Parquet: every numeric column by its declared type)")
-    io.add_argument("--validation", default=None,
-                    help="glob of validation files for metrics.json (not covered by the guarantee)")
-    io.add_argument("--batch-rows", type=_positive_int, default=65536, help="rows per block read")
-
-    model = train.add_argument_group("model")
-    model.add_argument("--model", choices=losses.MODEL_NAMES, default="logistic",
-                       help="logistic (labels 0/1 or -1/+1), softmax (0..K-1), hinge (linear "
-                            "SVM), linear (least squares), huber (robust regression)")
-    model.add_argument("--num-classes", type=int, default=None,
-                       help="number of classes for --model softmax (public)")
-    model.add_argument("--huber-delta", type=float, default=1.0, help="threshold of --model huber")
-    model.add_argument("--no-intercept", dest="fit_intercept", action="store_false",
-                       help="fit no intercept")
-
-    privacy = train.add_argument_group("privacy")
-    # One of the two is required; checked after the unknown flags (so that a misspelt --epsilom
-    # is named rather than reported as a missing --epsilon).
-    budget = privacy.add_mutually_exclusive_group()
-    budget.add_argument("--epsilon", type=float, help="target epsilon: the noise is calibrated to it")
-    budget.add_argument("--noise-multiplier", type=float,
-                        help="instead of --epsilon: this noise, and report the epsilon it buys")
-    privacy.add_argument("--delta", type=float, default=1e-5,
-                         help="target delta; keep it well below 1/n")
-    privacy.add_argument("--accountant", choices=accounting.ACCOUNTANTS, default="pld",
-                         help="privacy accountant (dp_accounting)")
-    privacy.add_argument("--num-examples", type=_positive_int, default=None,
-                         help="public dataset size; without it n is a private Laplace count")
-    privacy.add_argument("--count-epsilon", type=float, default=None,
-                         help="budget of that count; default: a share of --epsilon (see README)")
-    privacy.add_argument("--noise", choices=("secure", "float"), default=None,
-                         help="secure (dpgd, dpsgd): discrete noise on exact integer sums from "
-                              "a cryptographic generator, the same model bits on every runner; "
-                              "float (the default): numpy's float noise on float sums")
-    privacy.add_argument("--seed", type=int, default=None,
-                         help="fixed seed, for tests and comparisons only; default: the OS's "
-                              "secure randomness")
-
+    _add_run_arguments(train, audit=False)
     run = train.add_argument_group("execution")
     run.add_argument("--runner", default=DEFAULT_BEAM_RUNNER,
                      help="'local' for the in-process numpy runner, else a Beam runner "
@@ -209,15 +235,27 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                       help="who ran it (e.g. airflow_run_id=...), recorded with the charge; "
                            "repeatable; not part of the release id")
 
-    algo = train.add_argument_group("algorithm")
-    algo.add_argument("--algorithm", choices=tuple(algorithms), default=DEFAULT_ALGORITHM,
-                      help="the optimizer; see the list below")
-    name = _requested_algorithm(list(argv or []))
-    if name in algorithms:
-        chosen = algorithms[name]
-        about = f"{chosen.use_when}. Models: {', '.join(chosen.models)}."
-        group = train.add_argument_group(f"{name} options", textwrap.fill(about, 78))
-        registry.add_arguments(group, chosen.options)
+    _add_algorithm_arguments(train, argv, algorithms)
+
+    audit = sub.add_parser(
+        "audit", help="an empirical lower bound on a configuration's epsilon (one-run audit)",
+        formatter_class=_Formatter,
+        description="Audit a training configuration: train it once, in-process, with m white-box "
+                    "canaries (each included with probability 1/2, each on a feature column of "
+                    "its own), guess which were included from what the run released, and report "
+                    "the epsilon those guesses prove at the given confidence (Steinke, Nasr & "
+                    "Jagielski 2023). A lower bound above the claimed epsilon means the "
+                    "implementation leaks more than its accounting says. The audit trains on the "
+                    "data: its report is a release at the claimed epsilon.",
+        epilog=f"algorithms (--algorithm):\n{listing}")
+    _add_run_arguments(audit, audit=True)
+    canary = audit.add_argument_group("audit")
+    canary.add_argument("--canaries", type=_positive_int, default=1000,
+                        help="m: canaries (each adds a zero feature column to the copy); more "
+                             "canaries allow a larger bound (about 5 at m = 1000)")
+    canary.add_argument("--confidence", type=float, default=0.95,
+                        help="confidence of the lower bound")
+    _add_algorithm_arguments(audit, argv, algorithms)
 
     sub.add_parser("algorithms", help="list the algorithms, when to use each, and their flags")
     from beam_dp.ledger import commands
@@ -253,7 +291,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     predict.add_argument("--overwrite", action="store_true",
                          help="replace an existing predictions file that beam-dp wrote")
     predict.add_argument("--batch-rows", type=_positive_int, default=65536, help="rows per block read")
-    parser.command_parsers = {"train": train, "stats": st, "predict": predict, "make-data": make}
+    parser.command_parsers = {"train": train, "stats": st, "predict": predict, "make-data": make,
+                              "audit": audit}
     return parser
 
 
@@ -318,16 +357,16 @@ def _refuse_unknown_flags(parser, runner: str | None, extra: list[str]) -> None:
 def _parse(top, argv: list[str]):
     args, extra = top.parse_known_args(argv)
     parser = top.command_parsers.get(args.command, top)   # its errors point at its own --help
+    if args.command in ("train", "audit"):
+        _refuse_other_algorithms_flags(parser, args.algorithm, extra)
     if extra and args.command not in ("train", "stats"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    if args.command == "train":
-        _refuse_other_algorithms_flags(parser, args.algorithm, extra)
     stray = _stray_arguments(extra)
     if stray:
         parser.error(f"unexpected argument(s) {' '.join(stray)}: if the shell expanded a glob, "
                      "quote it (--input 'data/train-*.parquet') or list every file after --input")
     _refuse_unknown_flags(parser, args.runner if extra else None, extra)
-    if args.command == "train" and args.epsilon is None and args.noise_multiplier is None:
+    if args.command in ("train", "audit") and args.epsilon is None and args.noise_multiplier is None:
         parser.error("give --epsilon (the target) or --noise-multiplier")
     return args, extra
 
@@ -392,6 +431,8 @@ def _main(argv: list[str]) -> int:
             return _train(args, extra)
         if args.command == "algorithms":
             return _algorithms()
+        if args.command == "audit":
+            return _audit(args)
         if args.command == "stats":
             return _stats(args, extra)
         if args.command == "ledger":
@@ -511,6 +552,7 @@ def _privacy_report(ledger, delta: float, seed_fixed: bool, **fields) -> dict:
 EXIT_REFUSED = 3        # the budget ledger refused the run
 EXIT_IN_PROGRESS = 4    # the same release is running elsewhere (its lock is held)
 EXIT_MORE_JOBS = 75     # --max-jobs reached: state checkpointed, run the same command again
+EXIT_AUDIT_VIOLATION = 5   # beam-dp audit: the lower bound exceeds the claimed epsilon
 
 
 def _release(args, chosen, input_files, validation_files):
@@ -605,6 +647,32 @@ def _train(args, beam_args: list[str]) -> int:
         except core.LedgerError as e:
             print(f"beam-dp: error: {e}", file=sys.stderr)
             return 2
+
+
+def _audit(args) -> int:
+    from beam_dp import audit, data, report
+    from beam_dp.algorithms import registry
+
+    chosen = registry.get(args.algorithm)
+    options = {f.name: getattr(args, f.name) for f in dataclasses.fields(chosen.options)}
+    report.check_output_directory(args.output, args.overwrite)
+    input_files = sorted({f for pattern in args.input for f in data.list_files(pattern)})
+    report.check_not_inside(args.output, input_files)
+    found = audit.run(
+        input=input_files, canaries=args.canaries, confidence=args.confidence,
+        algorithm=args.algorithm, model=args.model, epsilon=args.epsilon, delta=args.delta,
+        noise_multiplier=args.noise_multiplier, accountant=args.accountant,
+        num_examples=args.num_examples, count_epsilon=args.count_epsilon, noise=args.noise,
+        num_classes=args.num_classes, huber_delta=args.huber_delta,
+        fit_intercept=args.fit_intercept, label_column=args.label_column,
+        feature_columns=args.feature_columns, seed=args.seed, **options)
+    _stop_if_interrupted()
+    _write_outputs(args, {"audit_report.json": report.json_text(found)})
+    print(f"audited {args.algorithm} ({args.model}): claimed epsilon={found['claimed_epsilon']:.4g} "
+          f"at delta={args.delta:g}; empirical lower bound {found['epsilon_lower_bound']:.4g} at "
+          f"{found['confidence']:.0%} confidence ({found['correct']} of {found['guesses']} guesses "
+          f"right, {found['canaries']} canaries): {found['verdict']}; wrote {args.output}")
+    return 0 if found["epsilon_lower_bound"] <= found["claimed_epsilon"] else EXIT_AUDIT_VIOLATION
 
 
 def _print_charge(ledger, release: str, args) -> None:

@@ -169,6 +169,9 @@ def run_chunks(aggregator: Aggregator, step_fn: Stage, state: TrainState, total_
         return state
     chunk = steps_per_job or max(25, math.ceil(total_steps / 20))
     resume = plan.get("batch_files") if plan is not None else None
+    # These steps are summed and applied here, on the driver, not by the aggregator: it may
+    # still see them (the audit's aggregator injects its canaries into each step's sum).
+    step_fn = getattr(aggregator, "driver_stage", lambda stage: stage)(step_fn)
     with aggregator.step_batches(batch_plan, total_steps, resume, keep_batches) as batches:
         if plan is not None and batches.location is not None:
             # Checkpointed at once, so that a run that dies from here on resumes with these.

@@ -147,6 +147,25 @@ class AmbssgdStep:
                                                      block.sq_norms, zetas, True)[:, 0, :]
         return out.ravel()
 
+    def canary_sum(self, state: TrainState, canaries) -> np.ndarray:
+        """The audit's white-box canaries (``beam_dp.audit``) in this block: each included canary
+        assigned to it (uniformly over the blocks, from the audit's randomness, as a row's block
+        is) takes the gradient role and adds, at every candidate clip norm zeta_i, a clipped
+        gradient of norm zeta_i on its own feature column: the most one example can add."""
+        out = np.zeros((self.levels + 1, self.dim + 2))
+        columns = canaries.columns[canaries.included & (canaries.blocks(self.batch_plan.blocks) == state.step)]
+        zetas = self.feature_norm * np.minimum(self.thresholds(), self.bound)
+        out[:, 1 + columns] = zetas[:, None]
+        return out.ravel()
+
+    def canary_scores(self, before: TrainState, after: TrainState, canaries) -> np.ndarray:
+        """Minus the update of each canary's column at its own block's step (0 for the canaries
+        of other blocks). The assignment of examples to blocks is data-independent and the
+        guarantee holds for each assignment (parallel composition), so the audit may use it."""
+        in_block = canaries.blocks(self.batch_plan.blocks) == before.step
+        columns = canaries.columns
+        return np.where(in_block, before.theta[0, columns] - after.theta[0, columns], 0.0)
+
     def apply(self, state: TrainState, total: np.ndarray) -> TrainState:
         total = total.reshape(self.levels + 1, self.dim + 2)
         g = mechanisms.rng(self.seed, mechanisms.STREAM_NOISE, state.step)

@@ -138,6 +138,27 @@ class NoisyGradientStep:
     def secure(self) -> bool:
         return self.noise == "secure"
 
+    def canary_sum(self, state: TrainState, canaries):
+        """The audit's white-box canaries (``beam_dp.audit``) at this step: each included canary
+        that the step's Poisson sampling would take (at the step's rate, from the audit's own
+        randomness) adds a clipped gradient of norm C on its own feature column, the most one
+        example can add (in grid units with secure noise: the sensitivity exactly)."""
+        columns = canaries.present(state.step, self.sampler.rate)
+        if self.secure:
+            units = np.zeros(self.shape, np.int64)
+            units[0, columns] = 1 << (clipping.GRID_FEATURE_BITS - 1 + self.scale_bits)
+            return clipping.ExactSum.of(units)
+        out = np.zeros(self.shape)
+        out[0, columns] = self.clip_norm
+        return out
+
+    def canary_scores(self, before: TrainState, after: TrainState, canaries) -> np.ndarray:
+        """What the step released about each canary: minus its column's update (a canary's
+        gradient pushes its coordinate down). Every canary is scored at every step: which
+        steps sampled it is secret to the mechanism, and the audit must not use it."""
+        columns = canaries.columns
+        return before.theta[0, columns] - after.theta[0, columns]
+
     @property
     def scale_bits(self) -> int:
         """Levels of the clipped loss derivative on the exact grid: GRID_SCALE_BITS, fewer where

