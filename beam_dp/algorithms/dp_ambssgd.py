@@ -39,7 +39,8 @@ from dp_accounting import dp_event as events
 from beam_dp import accounting, clipping, mechanisms
 from beam_dp.algorithms import registry
 from beam_dp.algorithms.base import TrainState, run_chunks
-from beam_dp.algorithms.noisy_gd import NoisyGDConfig, TrainResult, core_config, release_dataset_size
+from beam_dp.algorithms.noisy_gd import (NoisyGDConfig, TrainResult, core_config,
+                                          release_dataset_size, sampling_seed)
 from beam_dp.algorithms.registry import Algorithm, Problem, option
 from beam_dp.data import Block
 from beam_dp.losses import GlmLoss, scores
@@ -227,7 +228,9 @@ def train(config: NoisyGDConfig, a_config: AmbssgdConfig, loss: GlmLoss, dim: in
         margin=(sigma_stat * math.sqrt(2.0 * math.log((levels + 1) / a_config.failure_probability))
                 + size_slack),
         tail_start=T - T // 2, seed=seed,
-        batch_plan=Assignment(seed, T, a_config.stat_fraction, n / T))
+        # The batch job's graph holds the plan: a key derived from the seed for the assignment,
+        # not the root seed (from which the steps' noise could be derived).
+        batch_plan=Assignment(sampling_seed(seed), T, a_config.stat_fraction, n / T))
     state = TrainState.zeros(1, dim)
     epsilon = ledger.epsilon(config.delta)
     on_progress(0, T, epsilon)
