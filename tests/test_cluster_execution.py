@@ -200,9 +200,16 @@ def test_same_seed_same_model_on_local_and_beam(tmp_path, cli, request, beam_job
 # The portable runner: the bundles run in SDK worker processes that a worker pool starts.
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["dp-ambssgd", "dpsgd-f-practical", "dpsgd-f-theory", *SECURE])
-def test_same_model_on_external_worker_processes(tmp_path, request, worker_pool, beam_jobs, name):
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("name", list(EQUIVALENCE))
+def test_same_model_on_external_worker_processes(tmp_path, request, worker_pool, beam_jobs, name,
+                                                 workers, monkeypatch):
+    """1 or 2 SDK worker processes per job, each started by the pool. 1: Beam's PortableRunner
+    with its embedded job service. 2: that service's engine (FnApiRunner) with the same EXTERNAL
+    environment and ``direct_num_workers`` 2, which splits each stage's bundles between two
+    processes (the embedded job service starts one whatever the flags)."""
     from test_multiprocess import _run_with_timeout
+    from beam_dp.beam import aggregator as beam_aggregator
 
     address, pool_log = worker_pool
     dataset, extra = EQUIVALENCE[name]
@@ -211,15 +218,28 @@ def test_same_model_on_external_worker_processes(tmp_path, request, worker_pool,
                                "--batch-rows", BATCH_ROWS, *extra,
                                *(["--noise", "secure"] if name in SECURE else [])]]
     assert _run_with_timeout(common + ["--output", str(tmp_path / "local"), *LOCAL]) == 0
+    if workers == 1:
+        runner = ["--runner", "PortableRunner", "--job_endpoint", "embed",
+                  "--environment_type", "EXTERNAL", "--environment_config", address]
+    else:
+        from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+        from apache_beam.transforms import environments
+        made = beam_aggregator.BeamAggregator.__init__
+
+        def external(self, *args, **kwargs):
+            kwargs["make_runner"] = lambda: FnApiRunner(
+                default_environment=environments.ExternalEnvironment(address))
+            made(self, *args, **kwargs)
+        monkeypatch.setattr(beam_aggregator.BeamAggregator, "__init__", external)
+        runner = ["--runner", "FnApiRunner", "--direct_num_workers", "2"]
     assert _run_with_timeout(common + [
-        "--output", str(tmp_path / "portable"), "--runner", "PortableRunner",
-        "--job_endpoint", "embed", "--environment_type", "EXTERNAL",
-        "--environment_config", address, "--temp_location", str(tmp_path / "temp")]) == 0
-    # One worker process per job, started by the pool (not this process).
+        "--output", str(tmp_path / "portable"), *runner,
+        "--temp_location", str(tmp_path / "temp")]) == 0
+    # ``workers`` worker processes per job, started by the pool (not this process).
     log = pool_log.read_text(errors="replace")
-    assert beam_jobs and log.count("Starting worker with command") == len(beam_jobs), (
+    assert beam_jobs and log.count("Starting worker with command") == workers * len(beam_jobs), (
         _kinds(beam_jobs), log)
-    assert beam_jobs[-1]["kind"] == ("stages" if name == "dpgd" else "batches")
+    assert beam_jobs[-1]["kind"] == ("stages" if name in ("dpgd", "ssp") else "batches")
     local, portable = model_theta(tmp_path / "local"), model_theta(tmp_path / "portable")
     assert np.linalg.norm(local) > 0
     if name in SECURE:   # exact integer sums: the same bits in another process
