@@ -110,8 +110,106 @@ def test_chi_square_detects_a_wrong_law(wrong_law):
     if wrong_law == "rounded continuous Gaussian":
         samples = np.rint(generator.normal(0.0, 1.0, SAMPLES)).astype(np.int64)
     else:
-        samples = mechanisms.discrete_laplace(generator, 2.0, SAMPLES)  # t = floor(1) + 1
+        # (Canonne, Kamath & Steinke's proposal at sigma = 1: t = floor(1) + 1)
+        samples = mechanisms.discrete_laplace(generator, 2.0, SAMPLES)
     assert chi_square_p(samples, *discrete_gaussian_pmf(1.0)) < 1e-6
+
+
+# --------------------------------------------------------------------------------------------
+# The staircase sampler's building blocks (``mechanisms._staircase``)
+
+STAIRCASE_SCALES = [1e-6, 0.3, 1.0, 2.5, 31.9, 32.0, 33.0, 1000.0, 2.0 ** 32 + 12345.5,
+                    2.0 ** 39, 1.7 * 2.0 ** 47, 2.0 ** 50]
+
+
+@pytest.mark.parametrize("law", ["gaussian", "laplace"])
+@pytest.mark.parametrize("scale", STAIRCASE_SCALES)
+def test_staircase_tables_are_sound(law, scale):
+    """At every scale from tiny to 2**50: the word's three fields fit in 64 bits, the blocks
+    and tails hold every integer exactly once, the cells number 2^16, and no acceptance
+    probability exceeds 1 (body: at each block's point nearest 0, where f is largest; tails:
+    at G = 0)."""
+    span = mechanisms._GAUSSIAN_SPAN if law == "gaussian" else mechanisms._LAPLACE_SPAN
+    st = mechanisms._staircase(law, scale, span)
+    j, k = st.width_bits, st.prefix_bits
+    assert mechanisms._TABLE_BITS + j + k == 64 and k >= 2
+    assert st.cells.size == 2 ** mechanisms._TABLE_BITS and st.cells.max() <= st.body + 2
+    assert np.bincount(st.cells, minlength=st.body + 3)[:st.body + 2].min() >= 1
+    w = 2 ** j
+    lows = np.sort(st.first[:st.body])
+    np.testing.assert_array_equal(np.diff(lows), w)       # contiguous blocks of w integers
+    t_pos, t_neg = st.tail_start
+    assert lows[0] == -t_neg + 1 and lows[-1] + w == t_pos
+    nearest = np.minimum(np.abs(st.first[:st.body]), np.abs(st.first[:st.body] + w - 1))
+    nearest[(st.first[:st.body] <= 0) & (st.first[:st.body] + w - 1 >= 0)] = 0
+    log_f = mechanisms._log_density(law, scale, nearest.astype(float))
+    assert np.all(st.log_ratio[:st.body] + log_f < 0)
+    assert max(st.tail_log_ratio) < 0
+    # The acceptance estimate that sizes the batches: P(accept) = A Z / (2^16 w).
+    assert 0.9 < st.acceptance <= 1.0
+
+
+@pytest.mark.parametrize("law,scale,span", [
+    ("gaussian", 1.5, 0.1), ("gaussian", 3.0, 0.5), ("gaussian", 40.0, 0.5),
+    ("gaussian", 100.0, 1.0), ("gaussian", 40.0, 0.0), ("laplace", 0.5, 0.1),
+    ("laplace", 5.0, 0.5), ("laplace", 40.0, 0.5), ("laplace", 100.0, 1.0), ("laplace", 5.0, 0.0)])
+def test_staircase_tails_fit_exact_pmf(law, scale, span):
+    """A body that ends within a scale or two of 0 (or at the central block: span 0) sends a
+    good share of the draws through the geometric tails (both signs, unequal starts when the
+    blocks are wider than 1): the law must still be exact."""
+    st = mechanisms._staircase(law, scale, span)
+    generator = mechanisms.secure_generator(SEED, 8, int(scale * 10), int(span * 10))
+    samples = mechanisms._staircase_sample(generator, st, SAMPLES)
+    t_pos, t_neg = st.tail_start
+    assert np.sum(samples >= t_pos) > 1000 and np.sum(samples <= -t_neg) > 1000
+    pmf = discrete_gaussian_pmf(scale) if law == "gaussian" else discrete_laplace_pmf(scale)
+    assert chi_square_p(samples, *pmf) > 1e-3
+
+
+# Scales of the training noise (2^32-2^48 grid units) and the largest allowed. There the
+# discrete Gaussian's mass on [a, b) is the normal's to within ~1/sigma, and its residues modulo
+# small numbers are uniform to within exp(-2 pi^2 sigma^2 / m^2): any visible departure is the
+# sampler's.
+LARGE_SIGMAS = [2.0 ** 32 + 12345.5, 2.0 ** 39, 1.7 * 2.0 ** 47, 2.0 ** 50]
+
+
+@pytest.mark.parametrize("law", ["gaussian", "laplace"])
+@pytest.mark.parametrize("sigma", LARGE_SIGMAS)
+def test_large_scales_fit_the_continuous_law_in_bins(law, sigma):
+    """64 bins of a scale / 8 over +-4 scales and two tail bins, against the normal (the
+    Laplace) law, which the discrete one matches there to within ~1/scale per bin. At 2**50 the
+    acceptance prefix has 2 bits, so a quarter of the trials need the further 53-bit uniform: a
+    wrong decision in that case would show here."""
+    generator = mechanisms.secure_generator(SEED, 9, int(math.log2(sigma) * 10), law == "laplace")
+    sampler = mechanisms.discrete_gaussian if law == "gaussian" else mechanisms.discrete_laplace
+    samples = sampler(generator, sigma, SAMPLES)
+    edges = np.concatenate([[-np.inf], np.linspace(-4, 4, 65), [np.inf]])
+    observed = np.histogram(samples / sigma, edges)[0]
+    expected = SAMPLES * np.diff((stats.norm if law == "gaussian" else stats.laplace).cdf(edges))
+    assert stats.chisquare(observed, expected * SAMPLES / expected.sum()).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("sigma", LARGE_SIGMAS)
+def test_large_sigma_residues_are_uniform(sigma):
+    """Parity and residues: y mod 8 and mod 3, and bits j - 3 .. j - 1 of y, blocks holding
+    2^j integers (in the trial's word, the bits just below the acceptance prefix)."""
+    generator = mechanisms.secure_generator(SEED, 10, int(math.log2(sigma) * 10))
+    samples = mechanisms.discrete_gaussian(generator, sigma, SAMPLES)
+    j = mechanisms._staircase("gaussian", sigma, mechanisms._GAUSSIAN_SPAN).width_bits
+    for residues, m in [(samples % 8, 8), (samples % 3, 3), ((samples >> (j - 3)) % 8, 8)]:
+        assert stats.chisquare(np.bincount(residues, minlength=m)).pvalue > 1e-3
+    assert abs(np.mean(samples % 2) - 0.5) < 5 * 0.5 / math.sqrt(SAMPLES)
+
+
+def test_discrete_gaussian_uses_about_one_word_per_draw():
+    """The cost that matters at d = 10^4: ChaCha20 words (the counter counts 32-bit halves).
+    ~1.03 per draw at 2^39 (a 3% rejection rate, k = 13 prefix bits); the previous sampler
+    used ~12."""
+    generator = mechanisms.secure_generator(SEED, 11)
+    start = int(generator.bit_generator.state["state"]["ctr"][0])
+    mechanisms.discrete_gaussian(generator, 2.0 ** 39, 100_000)
+    words = (int(generator.bit_generator.state["state"]["ctr"][0]) - start) / 2
+    assert words / 100_000 < 1.1
 
 
 # --------------------------------------------------------------------------------------------
