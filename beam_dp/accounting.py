@@ -134,6 +134,23 @@ class PureDpEvent(events.DpEvent):
     epsilon: float
 
 
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class ApproxDpEvent(events.DpEvent):
+    """A mechanism known only to be (epsilon, delta)-DP, such as objective perturbation or the
+    generalized Gaussian mechanism (paper 004): what its proof gives, nothing finer.
+
+    PLD composes dp_accounting's PLD for an (epsilon, delta)-DP mechanism
+    (``from_privacy_parameters``, the tight dominating pair of the randomized-response type), so
+    a composition of these is accounted as the optimal composition of (epsilon, delta)-DP
+    mechanisms: never looser than basic or advanced composition. RDP cannot account for it (an
+    (epsilon, delta) guarantee with delta > 0 bounds no Renyi divergence): dp_accounting's RDP
+    accountant, and so the budget ledger's Renyi filter, refuse it as an unsupported event.
+    """
+
+    epsilon: float
+    delta: float
+
+
 # ------------------------------------------------------------- the Gaussian PLD, on a whole grid
 
 class _ScaledNormal:
@@ -433,7 +450,8 @@ def _quick_self_compose(pld, num_times: int, tail_mass: float = 1e-15):
 
 
 class _EagerPLDAccountant(pld_privacy_accountant.PLDAccountant):
-    """dp_accounting's PLD accountant with ``PureDpEvent``; builds the PLD as events come.
+    """dp_accounting's PLD accountant with ``PureDpEvent`` and ``ApproxDpEvent``; builds the PLD
+    as events come.
     Gaussian and Poisson-subsampled Gaussian events (add/remove) are composed exactly as the
     library composes them, with ``_gaussian_pld`` in place of ``from_gaussian_mechanism``;
     with ``quick`` (a calibration's search), self-compositions use ``_quick_self_compose``."""
@@ -444,10 +462,11 @@ class _EagerPLDAccountant(pld_privacy_accountant.PLDAccountant):
         self._quick = quick
 
     def _maybe_compose(self, event, count, do_compose):
-        if isinstance(event, PureDpEvent):
+        if isinstance(event, (PureDpEvent, ApproxDpEvent)):
             if do_compose:
                 pld = privacy_loss_distribution.from_privacy_parameters(
-                    pld_common.DifferentialPrivacyParameters(event.epsilon, 0.0),
+                    pld_common.DifferentialPrivacyParameters(
+                        event.epsilon, getattr(event, "delta", 0.0)),
                     value_discretization_interval=self._value_discretization_interval)
                 self._pld = self._pld.compose(pld.self_compose(count))
             return None
@@ -649,10 +668,13 @@ class _PLDAccountant(_EagerPLDAccountant):
                 and not self._non_private():
             result = _log_space_epsilon(eager._pld, value)
         if kind == "epsilon" and math.isinf(result) and not self._non_private():
-            with _quiet_rdp():
-                result = float(_RdpAccountant(neighboring_relation=self.neighboring_relation)
-                               .compose(self.ledger).get_epsilon(value))
-            fallback = True
+            try:
+                with _quiet_rdp():
+                    result = float(_RdpAccountant(neighboring_relation=self.neighboring_relation)
+                                   .compose(self.ledger).get_epsilon(value))
+                fallback = True
+            except dp_accounting.UnsupportedEventError:
+                pass   # (an ApproxDpEvent: inf is right below its delta, and RDP has no bound)
         return result, fallback
 
     def _non_private(self) -> bool:
@@ -1321,6 +1343,14 @@ class Ledger:
             return 0.0
         return epsilon_of(self.event(), delta, self.accountant, self.neighbouring, self.notes)
 
+    def epsilon_of_releases(self, names, delta: float) -> float:
+        """The epsilon of the releases named in ``names`` alone (e.g. those an audit's canaries
+        take part in: a neighbour that changes only them is protected by their composition)."""
+        chosen = [r for r in self.releases if r.name in set(names)]
+        if not chosen:
+            return 0.0
+        return epsilon_of(_composed(chosen), delta, self.accountant, self.neighbouring)
+
     @STOPWATCH
     def progress_epsilon(self, delta: float, planned: events.DpEvent | None = None) -> float:
         """A cheap upper bound on the epsilon spent so far, for progress output after every
@@ -1431,5 +1461,6 @@ def event_from_json(value) -> events.DpEvent:
     if not isinstance(value, dict):
         return value
     fields = {k: event_from_json(v) for k, v in value.items() if k != "class_name"}
-    cls = PureDpEvent if value["class_name"] == "PureDpEvent" else getattr(events, value["class_name"])
+    own = {"PureDpEvent": PureDpEvent, "ApproxDpEvent": ApproxDpEvent}
+    cls = own.get(value["class_name"]) or getattr(events, value["class_name"])
     return cls(**fields)

@@ -15,7 +15,7 @@ import numbers
 import attr
 from dp_accounting import dp_event
 
-from beam_dp.accounting import PureDpEvent
+from beam_dp.accounting import ApproxDpEvent, PureDpEvent
 
 # Every event class dp_accounting defines, and the project's own.
 EVENT_TYPES: dict[str, type] = {
@@ -24,6 +24,7 @@ EVENT_TYPES: dict[str, type] = {
     if isinstance(cls, type) and issubclass(cls, dp_event.DpEvent) and cls is not dp_event.DpEvent
 }
 EVENT_TYPES[PureDpEvent.__name__] = PureDpEvent
+EVENT_TYPES[ApproxDpEvent.__name__] = ApproxDpEvent   # stored; the Renyi filter refuses it
 
 _TUPLE = "__tuple__"
 
