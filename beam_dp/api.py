@@ -68,7 +68,8 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
                steps_per_job=steps_per_job, checkpoint_dir=checkpoint_dir, progress=progress,
                warm_start=warm_start, max_jobs=max_jobs, budget_gate=budget_gate, options=options)
     artifact = report.model_artifact(run.loss, run.result.theta, run.feature_columns, label_column,
-                                     run.algorithm.name, fit_intercept, run.result.feature_transform)
+                                     run.algorithm.name, fit_intercept, run.result.feature_transform,
+                                     run.result.constraint)
     privacy_report = report.privacy_report(run.ledger, run.privacy, run.result, run.algorithm,
                                            run.options, seed_fixed=seed is not None)
     for message in _warnings(privacy_report, run.result.dataset_size):

@@ -24,7 +24,8 @@ TRUST_MODEL = (
 
 
 def model_artifact(loss: losses_mod.GlmLoss, theta: np.ndarray, feature_columns, label_column,
-                   algorithm: str, fit_intercept: bool, feature_transform: dict | None = None) -> dict:
+                   algorithm: str, fit_intercept: bool, feature_transform: dict | None = None,
+                   constraint: dict | None = None) -> dict:
     single = loss.outputs() == 1
     artifact = {
         "format_version": 1,
@@ -38,6 +39,8 @@ def model_artifact(loss: losses_mod.GlmLoss, theta: np.ndarray, feature_columns,
     }
     if feature_transform:
         artifact["feature_transform"] = feature_transform
+    if constraint:   # public: the set the coefficients were constrained to (the intercept is free)
+        artifact["constraint"] = constraint
     if loss.name == "softmax":
         artifact["num_classes"] = loss.num_classes
     if loss.name == "huber":

@@ -228,6 +228,9 @@ class TrainResult:
     # Where the report puts ``preprocessing``: "preprocessing" (private releases before
     # training) or "algorithm_parameters" (a one-pass algorithm's public plan).
     details_name: str = "preprocessing"
+    # The public constraint set the coefficients lie in (``geometry.Constraint.to_json``),
+    # recorded in model.json; None: unconstrained.
+    constraint: dict | None = None
 
 
 # The noise's scale in grid units stays within [2^32, 2^48]: from 2^32 the discrete Gaussian is
