@@ -644,3 +644,15 @@ def test_an_approximate_dp_event_survives_json():
     assert back == event
     from beam_dp.ledger import events as stored
     assert stored.event_from_json(stored.event_to_json(event)) == event
+
+
+def test_generalized_gaussian_mechanism_matches_its_lemma():
+    """Paper 004, Lemma 3: sigma^2 = 2 kappa ln(1/delta) s^2 / epsilon^2 gives (epsilon, delta)."""
+    s, kappa, delta, eps = 0.02, 2.0, 1e-6, 0.5
+    sigma = math.sqrt(2 * kappa * math.log(1 / delta) * s ** 2 / eps ** 2)
+    event = accounting.generalized_gaussian_event(sigma, s, kappa, delta)
+    assert event == accounting.ApproxDpEvent(pytest.approx(eps, rel=1e-12), delta)
+    with pytest.raises(ValueError, match="beyond"):
+        accounting.generalized_gaussian_event(sigma / 3, s, kappa, delta)   # epsilon 1.5
+    with pytest.raises(ValueError, match="kappa"):
+        accounting.generalized_gaussian_event(sigma, s, 0.5, delta)
