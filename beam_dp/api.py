@@ -47,8 +47,8 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
 
     ``epsilon`` (with ``delta``) calibrates the noise; ``noise_multiplier`` instead reports the
     epsilon it buys. Without ``num_examples`` the dataset size is a private Laplace count whose
-    budget is part of epsilon. ``noise``: "secure" (dpgd, dpsgd: integer noise on exact integer
-    sums) or "float" (numpy's float noise; the default). Without ``seed`` all randomness comes from the OS's secure source;
+    budget is part of epsilon. ``noise``: "secure" (every algorithm: integer noise on exact integer
+    sums, exactly sampled exponential mechanisms) or "float" (numpy's float noise; the default). Without ``seed`` all randomness comes from the OS's secure source;
     a fixed seed is for tests. ``progress(steps_done, steps_total, epsilon_so_far)`` is called
     between chunks of steps. The neighbouring relation is add/remove one row.
 

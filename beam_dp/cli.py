@@ -141,9 +141,9 @@ def _add_run_arguments(parser, audit: bool) -> None:
     privacy.add_argument("--count-epsilon", type=float, default=None,
                          help="budget of that count; default: a share of --epsilon (see README)")
     privacy.add_argument("--noise", choices=("secure", "float"), default=None,
-                         help="secure (dpgd, dpsgd): discrete noise on exact integer sums from "
-                              "a cryptographic generator, the same model bits on every runner; "
-                              "float (the default): numpy's float noise on float sums")
+                         help="secure (every algorithm): discrete noise on exact integer sums "
+                              "from a cryptographic generator, the same model bits on every "
+                              "runner; float (the default): numpy's float noise on float sums")
     privacy.add_argument("--seed", type=int, default=None,
                          help="fixed seed, for tests and comparisons only; default: the OS's "
                               "secure randomness")
@@ -279,6 +279,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     st.add_argument("--accountant", choices=accounting.ACCOUNTANTS, default="pld",
                     help="privacy accountant")
     st.add_argument("--num-examples", type=_positive_int, default=None, help="public dataset size")
+    st.add_argument("--noise", choices=("secure", "float"), default="float",
+                    help="secure: discrete Laplace count, means as exact sums on a grid with "
+                         "discrete Gaussian noise, exactly sampled exponential-mechanism "
+                         "quantiles, from a cryptographic generator; float: numpy's float noise")
     st.add_argument("--seed", type=int, default=None, help="fixed seed (tests only)")
     st.add_argument("--runner", default=DEFAULT_BEAM_RUNNER, help="'local' or a Beam runner")
     st.add_argument("--batch-rows", type=_positive_int, default=65536, help="rows per block read")
@@ -814,20 +818,34 @@ def _stats(args, beam_args: list[str]) -> int:
     seed = args.seed if args.seed is not None else mechanisms.secure_seed()
     stages = stats.dataset_summary_stages(len(features), args.quantiles, args.epsilon, args.delta,
                                           seed, args.value_bound, count=args.num_examples is None,
-                                          accountant=args.accountant)
+                                          accountant=args.accountant, noise=args.noise)
+    secure = args.noise == "secure"
     with report.atomic_directory(args.output, args.overwrite) as out:
         ledger = accounting.Ledger(args.accountant, accounting.ADD_REMOVE)
         stats.record_releases(stages, ledger)
+        sampler_delta = None
+        if secure:
+            from beam_dp.algorithms import noisy_gd
+            # The samplers' total variation over every release, at the run's (target) epsilon.
+            sampler_delta = noisy_gd.secure_delta_bound(noisy_gd.prior_total_variation(ledger),
+                                                        args.epsilon)
+            if sampler_delta > 1e-3 * args.delta:
+                raise ValueError(f"secure noise's samplers could add {sampler_delta:.2g} to delta; "
+                                 "use --noise float")
+            ledger.notes.append(noisy_gd.secure_release_note())
         try:
             state = aggregator.run_stages(stages, {"n": args.num_examples} if args.num_examples else {})
         finally:
             aggregator.close()
         summary = stats.summary(state, stages, features,
                                 "public (--num-examples)" if args.num_examples
+                                else "private estimate: discrete Laplace count" if secure
                                 else "private estimate: Laplace count")
         summary["privacy"] = _privacy_report(ledger, args.delta, args.seed is not None,
                                              requested_epsilon=args.epsilon,
-                                             value_bound=args.value_bound)
+                                             value_bound=args.value_bound,
+                                             **({"sampler_delta_bound": sampler_delta}
+                                                if secure else {}))
         _stop_if_interrupted()
         report.write_json(out, "stats_report.json", summary)
     for warning in summary["warnings"]:     # public bounds only, never a data value

@@ -480,3 +480,150 @@ def exact_clipped_gradient_sum(theta: np.ndarray, q: np.ndarray, shift: np.ndarr
         part = ExactSum.of(u.T @ qc)   # integers below 2^52: exact in float64, any order
         total = part if total is None else total + part
     return total
+
+
+# ------------------------------------------------ exact sums of bounded vectors on a public grid
+#
+# The other secure releases (SSP's Gram matrix, DP-AMBSSGD's levels, the clipped means of
+# ``beam_dp.stats``) sum vectors that were clipped (or normalized, or clamped) to a public L2
+# bound B. They are put on a public grid g, a power of two (so that x / g is exact), by rounding
+# each entry to the nearest integer: an entry moves by at most 1/2, a row of j entries by at
+# most sqrt(j) / 2 in L2, so the rounded rows have norm at most
+#     B / g (1 + 2^-30) + sqrt(j) / 2              (``grid_row_bound``)
+# in grid units, the 2^-30 allowing for the clipping's own float rounding (a few ulps: the
+# clipped norm is B up to rounding). That bound, not B / g, is the sensitivity the noise is
+# scaled to ("the sensitivity enlarged for the rounding"). It is not taken on trust:
+# ``grid_rows`` certifies every row against it in float arithmetic with a proven error margin,
+# and shrinks (then zeroes) a row that fails, a function of that row alone, so that the bound
+# holds for every input whatever the float rounding upstream did.
+
+_GRID_MARGIN = 2.0 ** -30
+_UNIT_ROUNDOFF = 2.0 ** -53
+
+
+def grid_exponent(bound: float) -> int:
+    """The e with 2^(e-1) < bound <= 2^e, for a positive finite ``bound`` (exact: frexp)."""
+    mantissa, exponent = math.frexp(float(bound))
+    if not (mantissa > 0 and math.isfinite(bound)):
+        raise ValueError("a grid's bound must be positive and finite")
+    return exponent - 1 if mantissa == 0.5 else exponent
+
+
+def grid_row_bound(bound: float, grid: float, width: int) -> float:
+    """The L2 norm, in units of ``grid``, that rows of norm at most ``bound`` (up to the float
+    rounding of a clip) can have once rounded to the grid (see above)."""
+    return float(bound) / float(grid) * (1.0 + _GRID_MARGIN) + math.sqrt(width) / 2.0
+
+
+def grid_rows(rows: np.ndarray, grid: float, limit: float) -> np.ndarray:
+    """``rows`` (m, j), each of L2 norm about ``grid_row_bound`` or less, as integers of the
+    power-of-two ``grid``: integer-valued float64 p (m, j) with ||p_i|| <= ``limit`` for every
+    row, guaranteed (see above). ``limit`` must be below 2^50, so that every entry and every
+    partial sum of squares here is far inside float64's exact integers.
+
+    The certificate: the float sum of squares s of a row of j integers has relative error at
+    most j u / (1 - j u) (u = 2^-53); a row passes when s (1 + 2 (j + 2) u) <= limit^2 (1 - 4u),
+    which implies ||p_i||^2 <= limit^2 exactly. A row that fails (none does when the rows were
+    clipped to the bound, as the callers do) is scaled by limit / sqrt(s) (1 - 2^-20) and
+    truncated towards zero (which only shrinks), and zeroed if it still fails; NaN or infinite
+    rows (never from validated input) become zero. Silent for any input."""
+    if not (grid > 0 and math.frexp(grid)[0] == 0.5):
+        raise ValueError("the grid must be a positive power of two")
+    if not 0 < limit < 2.0 ** 50:
+        raise ValueError("a grid row bound must be in (0, 2^50)")
+    rows = np.asarray(rows, dtype=np.float64)
+    width = rows.shape[1] if rows.ndim == 2 else 1
+    exponent = math.frexp(grid)[1] - 1
+    with _quiet():
+        p = np.rint(np.ldexp(rows, -exponent))
+        p[~np.isfinite(p).all(axis=1)] = 0.0
+        p = np.clip(p, -2.0 ** 51, 2.0 ** 51)   # a row beyond the bound fails below anyway
+        ceiling = limit * limit * (1.0 - 4 * _UNIT_ROUNDOFF)
+        slack = 1.0 + 2 * (width + 2) * _UNIT_ROUNDOFF
+        squares = np.einsum("ij,ij->i", p, p)
+        failed = np.flatnonzero(squares * slack > ceiling)
+        if failed.size:
+            factor = limit / np.sqrt(squares[failed]) * (1.0 - 2.0 ** -20)
+            shrunk = np.trunc(p[failed] * factor[:, None])
+            again = np.einsum("ij,ij->i", shrunk, shrunk) * slack > ceiling
+            shrunk[again] = 0.0
+            p[failed] = shrunk
+    return p
+
+
+def exact_row_sum(p: np.ndarray, limit: float) -> ExactSum:
+    """The exact sum over the rows of ``grid_rows``' integers p (entries at most ``limit`` in
+    magnitude): int64 sums of chunks small enough not to overflow, added as ``ExactSum``s. The
+    same integers for any order and split of the rows."""
+    m = p.shape[0]
+    if m == 0:
+        return ExactSum.zeros(p.shape[1:])
+    chunk = max(1, int(2.0 ** 62 // max(math.ceil(limit), 1)))
+    ints = p.astype(np.int64)
+    total = None
+    for start in range(0, m, chunk):
+        part = ExactSum.of(ints[start:start + chunk].sum(axis=0))
+        total = part if total is None else total + part
+    return total
+
+
+def exact_gram(z: np.ndarray, entry_bound: float) -> ExactSum:
+    """Z^T Z of integer-valued float64 rows z (m, j) with |z_ik| <= ``entry_bound``, exactly:
+    chunks of rows whose products sum to below 2^52 in float64 (exact in any order, BLAS and its
+    fused multiply-adds included), added as ``ExactSum``s."""
+    m, j = z.shape
+    if m == 0:
+        return ExactSum.zeros((j, j))
+    chunk = int(2.0 ** 52 // max(float(entry_bound) ** 2, 1.0))
+    if chunk < 1:
+        raise ValueError("grid entries too large for an exact Gram matrix")
+    total = None
+    for start in range(0, m, chunk):
+        rows = z[start:start + chunk]
+        part = ExactSum.of(rows.T @ rows)
+        total = part if total is None else total + part
+    return total
+
+
+def quantized_scores(theta: np.ndarray, q: np.ndarray, shift: np.ndarray) -> np.ndarray:
+    """The scores (m, k) of the quantized rows (q, shift) (``quantized_rows``, with the intercept
+    column), each a function of its row alone (``_row_scores``), as the exact kernels see them;
+    +-inf where they overflow, silently."""
+    with _quiet():
+        return np.ldexp(_row_scores(q, theta), shift[:, None])
+
+
+def exact_clipped_gradient_sums(theta: np.ndarray, q: np.ndarray, shift: np.ndarray,
+                                q_norms: np.ndarray, labels: np.ndarray,
+                                loss: losses_mod.GlmLoss, clip_norms,
+                                scale_bits: int = GRID_SCALE_BITS) -> ExactSum:
+    """``exact_clipped_gradient_sum`` at several clip norms at once (the scores computed once):
+    (L, k, d + 1), level l in units of ``gradient_grid(clip_norms[l], scale_bits)`` and equal to
+    ``exact_clipped_gradient_sum(..., clip_norms[l], scale_bits)``, integer for integer (the same
+    per-row integers; one BLAS product for all levels, exact as every sum stays below 2^52).
+    Each row adds at most 2^(GRID_FEATURE_BITS - 1 + scale_bits) in norm to every level."""
+    clip_norms = [float(c) for c in np.atleast_1d(clip_norms)]
+    levels, m = len(clip_norms), q.shape[0]
+    if m == 0:
+        return ExactSum.zeros((levels,) + theta.shape)
+    grids = [gradient_grid(c, scale_bits) for c in clip_norms]
+    k = theta.shape[0]
+    rows = min(_EXACT_CHUNK_ROWS, max(256, CHUNK_BYTES // (8 * q.shape[1])))
+    total = None
+    for start in range(0, m, rows):
+        chunk = slice(start, start + rows)
+        qc, sc = q[chunk], shift[chunk]
+        with _quiet():
+            scores = np.ldexp(_row_scores(qc, theta), sc[:, None])
+            derivative = loss.derivative(scores, labels[chunk])
+            direction, size = _unit_derivatives(derivative)
+            level_size = np.ldexp(size, sc)
+            u = np.empty((qc.shape[0], levels, k))
+            for l, (clip_norm, grid) in enumerate(zip(clip_norms, grids)):
+                # As in exact_clipped_gradient_sum, expression for expression.
+                magnitude = np.minimum(level_size,
+                                       clip_norm / np.maximum(q_norms[chunk], 1.0)) * _CLIP_MARGIN
+                u[:, l, :] = np.trunc(direction * (magnitude / grid)[:, None])
+        part = ExactSum.of((u.reshape(len(qc), levels * k).T @ qc).reshape(levels, k, -1))
+        total = part if total is None else total + part
+    return total

@@ -12,11 +12,22 @@ which cannot be seeded, so the same-seed-same-result contract between runners an
 statistical tests could not hold; its PERCENTILE (a quantile tree) has no simple rank-error
 guarantee; and its budget accountant is separate from this project's dp_accounting ledger. The
 mechanisms here are a few lines each on top of numpy and dp_accounting.
+
+Secure noise (``noise="secure"`` on a stage; ``beam-dp stats --noise secure``, DPSGD-F's
+preprocessing with ``--noise secure``): the count gets discrete Laplace noise (pure DP, as the
+training count); the clipped and box means are exact integer sums of the clipped rows on a public
+power-of-two grid (``mean_grid``: the noise's scale in grid units in [2^36, 2^37), every rounded
+row certified to norm at most the clip radius plus the rounding, ``clipping.grid_rows``) plus
+discrete Gaussian noise scaled to that enlarged sensitivity; the exponential-mechanism quantiles
+are sampled exactly (``exact_exponential_mechanism``: utilities as exact rationals, a uniform
+candidate accepted with an exact Bernoulli(exp(-gamma)) coin, Canonne, Kamath & Steinke 2020,
+Algorithms 1-2), all from ChaCha20 streams. ``noisy_gd.secure_release_note`` has the accounting.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+from fractions import Fraction
 from typing import Callable
 
 import numpy as np
@@ -96,6 +107,82 @@ def quantile_utility(counts: np.ndarray, size: int, rank: float, quantile: float
     return -np.maximum(np.maximum(lower - target, target - upper), 0.0)
 
 
+def exact_quantile_utility(counts: np.ndarray, size: int, rank: float, quantile: float = 0.0,
+                           margin: float = 0.0) -> list:
+    """``quantile_utility`` in exact rational arithmetic (Fractions of the float inputs, which
+    are dyadic rationals): its sensitivity is then exactly the 1 of the proof, with no float
+    rounding of the target (p T + rank) in between."""
+    ints = [int(c) for c in np.asarray(counts, float)]   # integer-valued counts (< 2^53)
+    total = sum(ints)
+    half = Fraction(total, 2)
+    low, high = min(Fraction(margin), half), max(total - Fraction(margin), half)
+    target = min(max(Fraction(quantile) * total + Fraction(rank), low, 0), high, total)
+    out, lower = [], 0
+    for c in ints[:size]:
+        upper = lower + c
+        out.append(-max(lower - target, target - upper, 0))
+        lower = upper
+    return out
+
+
+def _uniform_below(generator: np.random.Generator, bound: int) -> int:
+    """A uniform integer in [0, bound), exactly: numpy's unbiased bounded integers below 2^63,
+    else 64-bit words masked to the bound's bit length and rejected when too large."""
+    if bound <= 2 ** 63:
+        return int(generator.integers(0, bound))
+    bits = (bound - 1).bit_length()
+    words = -(-bits // 64)
+    while True:
+        value = 0
+        for word in generator.integers(0, 2 ** 64, size=words, dtype=np.uint64):
+            value = (value << 64) | int(word)
+        value &= (1 << bits) - 1
+        if value < bound:
+            return value
+
+
+def _bernoulli(generator: np.random.Generator, p: Fraction) -> bool:
+    """True with probability p (a rational in [0, 1]), exactly."""
+    return _uniform_below(generator, p.denominator) < p.numerator
+
+
+def bernoulli_exp(generator: np.random.Generator, gamma: Fraction) -> bool:
+    """True with probability exp(-gamma), gamma >= 0 rational, exactly (Canonne, Kamath &
+    Steinke 2020, Algorithms 1 and 2): for gamma in [0, 1], count K = 1, 2, ... while
+    Bernoulli(gamma / K) succeeds and return whether K is odd (P = sum_k (-gamma)^k / k! );
+    above 1, one Bernoulli(exp(-1)) per whole unit (stopping at the first failure), then the
+    fraction. Only rational coins, so no floating-point rounding enters the law."""
+    gamma = Fraction(gamma)
+    if gamma < 0:
+        raise ValueError("gamma must be non-negative")
+    while gamma > 1:
+        if not bernoulli_exp(generator, Fraction(1)):
+            return False
+        gamma -= 1
+    k = 1
+    while _bernoulli(generator, gamma / k):
+        k += 1
+    return k % 2 == 1
+
+
+def exact_exponential_mechanism(generator: np.random.Generator, utilities: list,
+                                epsilon: float) -> int:
+    """An index i drawn with probability proportional to exp(epsilon u_i / 2), exactly, for
+    rational utilities (``exact_quantile_utility``): a uniform candidate, accepted with
+    probability exp(-gamma_i), gamma_i = epsilon (max u - u_i) / 2 (``bernoulli_exp``), until
+    one is (each round accepts with probability at least 1/G). Its running time depends on the
+    utilities (a timing side channel, as the discrete Gaussian's; the README says so)."""
+    # The audit's broken-build hook (mechanisms.NOISE_SCALE_FOR_TESTS) scales the Gumbel noise of
+    # the float sampler; here it scales epsilon by its inverse, the same law.
+    scaled = Fraction(epsilon) / Fraction(mechanisms.NOISE_SCALE_FOR_TESTS)
+    top = max(utilities)
+    gammas = [scaled * (top - u) / 2 for u in utilities]
+    while True:
+        i = _uniform_below(generator, len(gammas))
+        if bernoulli_exp(generator, gammas[i]):
+            return i
+
+
 def quantile_rank_error_bound(grid_size: int, epsilon: float, failure_probability: float) -> float:
     """The exponential mechanism's excess rank error at the given failure probability."""
     return 2.0 / epsilon * math.log(grid_size / failure_probability)
@@ -157,7 +244,64 @@ class DistancesTo:
 # ----------------------------------------------------------------------------------- stages
 
 def _rng(stage, *more) -> np.random.Generator:
+    if getattr(stage, "noise", "float") == "secure":
+        return mechanisms.secure_generator(stage.seed, mechanisms.STREAM_STATS, *stage.stream, *more)
     return mechanisms.rng(stage.seed, mechanisms.STREAM_STATS, *stage.stream, *more)
+
+
+# Secure means: the noise's scale in grid units lies in [2^36, 2^37] (``mean_grid``), inside the
+# [2^32, 2^48] of every secure release, with room for noise multipliers from 2^-13 upwards.
+_MEAN_SCALE_BITS = 36
+_SAMPLER_TV = 2.0 ** -50   # the samplers' distance to their exact laws (noisy_gd._SAMPLER_TV)
+
+
+def mean_grid(bound: float, noise_multiplier: float, columns: int) -> tuple[float, float]:
+    """(g, R): the power-of-two grid of a secure mean of rows of L2 norm at most ``bound``
+    (public: a clip radius, or a released one) and their sensitivity in its units, enlarged for
+    the rounding (``clipping.grid_row_bound``): g = 2^(e - 37) with 2^(e-1) < sigma bound <= 2^e,
+    so that sigma R lies in [2^36, 2^37] (plus the rounding's share)."""
+    exponent = clipping.grid_exponent(noise_multiplier * bound) - _MEAN_SCALE_BITS - 1
+    grid = math.ldexp(1.0, exponent)
+    limit = clipping.grid_row_bound(bound, grid, columns)
+    if not (limit < 2.0 ** 50 and 2.0 ** 32 <= noise_multiplier * limit <= 2.0 ** 48):
+        raise ValueError(f"noise multiplier {noise_multiplier:.3g} is outside what the secure "
+                         "noise handles; use --noise float")
+    return grid, limit
+
+
+def mean_sampler_variation(columns: int) -> float:
+    """The total variation of a secure mean's ``columns`` discrete Gaussian draws from the
+    rounded Gaussians, at the smallest scale ``mean_grid`` allows (2^36): public before the
+    radius is released."""
+    return columns * (1.0 / (48.0 * 2.0 ** (2 * _MEAN_SCALE_BITS)) + _SAMPLER_TV)
+
+
+def _secure_noisy_sum(stage, total, bound: float, columns: int) -> np.ndarray:
+    """The exact sum ``total`` (an ExactSum in units of ``mean_grid(bound, ...)``) plus discrete
+    Gaussian noise of scale sigma R, in data units. A zero bound (a released radius or range of
+    0) has sensitivity 0: every row added 0, and no noise is needed."""
+    if bound == 0.0:
+        return np.zeros(columns)
+    grid, limit = mean_grid(bound, stage.noise_multiplier, columns)
+    noise = mechanisms.discrete_gaussian(_rng(stage), stage.noise_multiplier * limit, columns)
+    return (total + noise).to_float() * grid
+
+
+def _secure_row_sum(rows: np.ndarray, bound: float, noise_multiplier: float):
+    """The exact sum of rows of L2 norm at most ``bound`` (up to the rounding of their clip) on
+    ``mean_grid``'s grid."""
+    columns = rows.shape[1]
+    if bound == 0.0:
+        return clipping.ExactSum.zeros(columns)
+    grid, limit = mean_grid(bound, noise_multiplier, columns)
+    return clipping.exact_row_sum(clipping.grid_rows(rows, grid, limit), limit)
+
+
+SECURE_MEAN_NOISE = ("discrete Gaussian on exact integer sums (power-of-two grid at 2^-36 of the "
+                     "noise; ChaCha20 randomness; accounted as the Gaussian plus the sampler's "
+                     "total variation)")
+SECURE_QUANTILE_NOISE = ("exact exponential mechanism (rational utilities, exact Bernoulli(exp(-x)) "
+                         "coins on ChaCha20 bits)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,6 +312,7 @@ class CountStage:
     seed: int
     stream: tuple = (0,)
     key: str = "n"
+    noise: str = "float"    # "secure": discrete Laplace (pure epsilon-DP) on the exact count
 
     @property
     def shape(self):
@@ -177,10 +322,18 @@ class CountStage:
         return np.array([float(len(block))])
 
     def apply(self, state, total):
+        if self.noise == "secure":   # an integer below 2^53: exact in float64
+            noisy = int(total[0]) + int(mechanisms.discrete_laplace(_rng(self), 1.0 / self.epsilon, ()))
+            return {**state, self.key: max(1, noisy)}
         noisy = float(total[0]) + mechanisms.laplace_noise(_rng(self), 1.0 / self.epsilon)
         return {**state, self.key: max(1, int(round(noisy)))}
 
     def releases(self):
+        if self.noise == "secure":
+            # As the training count (noisy_gd.release_dataset_size): eps-DP exactly.
+            return [("discrete_laplace_count", accounting.PureDpEvent(self.epsilon), 1,
+                     {"epsilon": self.epsilon, "sensitivity": 1, "noise": "discrete Laplace",
+                      "sampler_total_variation": _SAMPLER_TV})]
         return [("laplace_count", accounting.laplace_count_event(self.epsilon), 1,
                  {"epsilon": self.epsilon, "sensitivity": 1})]
 
@@ -211,6 +364,7 @@ class QuantileStage:
     stream: tuple = (0,)
     outliers: float = 0.0
     margin: float = 0.0
+    noise: str = "float"    # "secure": the exponential mechanism sampled exactly
 
     def __post_init__(self):
         # The utility's sensitivity is 1 only for quantiles in [0, 1] (a p outside moves the
@@ -234,6 +388,12 @@ class QuantileStage:
         out = np.empty((self.columns, len(self.quantiles)))
         for c in range(self.columns):
             for i, p in enumerate(self.quantiles):
+                if self.noise == "secure":
+                    utilities = exact_quantile_utility(total[c], len(grid[c]), -self.outliers,
+                                                       quantile=p, margin=self.margin)
+                    chosen = exact_exponential_mechanism(_rng(self, c, i), utilities, self.epsilon)
+                    out[c, i] = float(grid[c][chosen])
+                    continue
                 out[c, i] = exponential_mechanism_quantile(
                     total[c], grid[c], -self.outliers, self.epsilon, _rng(self, c, i),
                     quantile=p, margin=self.margin)
@@ -244,7 +404,9 @@ class QuantileStage:
                  self.columns * len(self.quantiles),
                  {"epsilon": self.epsilon, "sensitivity": 1, "grid_size": self.grid_size,
                   "quantiles": list(self.quantiles), "outliers": self.outliers,
-                  **({"margin": self.margin} if self.margin else {})})]
+                  **({"margin": self.margin} if self.margin else {}),
+                  **({"noise": SECURE_QUANTILE_NOISE, "sampler_total_variation": 0.0}
+                     if self.noise == "secure" else {})})]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -266,10 +428,16 @@ class ClippedMeanStage:
     noise_multiplier: float
     seed: int
     stream: tuple = (0,)
+    noise: str = "float"    # "secure": exact sum on a grid, discrete Gaussian (``mean_grid``)
 
     @property
     def shape(self):
         return (self.columns,)
+
+    def zero_sum(self):
+        if self.noise == "secure":
+            return clipping.ExactSum.zeros(self.shape)
+        return np.zeros(self.shape)
 
     def _center(self, state):
         c = state[self.center] if isinstance(self.center, str) else self.center
@@ -284,6 +452,8 @@ class ClippedMeanStage:
         # however large its values, and nothing is printed.
         diff = clipping.saturating_difference(self.values(block, state), self._center(state))
         clipped, _ = clipping.scale_rows(diff, self._radius(state), only_shrink=True)
+        if self.noise == "secure":
+            return _secure_row_sum(clipped, self._radius(state), self.noise_multiplier)
         return clipped.sum(axis=0)
 
     def apply(self, state, total):
@@ -293,12 +463,23 @@ class ClippedMeanStage:
         # onto that ball (post-processing) never moves the release farther from it and bounds
         # the damage of any count error, or of the noise at tiny n, by the radius.
         radius = self._radius(state)
-        noise = mechanisms.gaussian_noise(_rng(self), total.shape, self.noise_multiplier * radius)
-        shift = (total + noise) / max(float(state["n"]), 1.0)
+        if self.noise == "secure":
+            noisy = _secure_noisy_sum(self, total, radius, self.columns)
+        else:
+            noisy = total + mechanisms.gaussian_noise(_rng(self), total.shape,
+                                                      self.noise_multiplier * radius)
+        shift = noisy / max(float(state["n"]), 1.0)
         shift = clipping.scale_rows(shift[None, :], radius, only_shrink=True)[0][0]
         return {**state, self.key: self._center(state) + shift}
 
     def releases(self):
+        if self.noise == "secure":
+            return [("gaussian_clipped_mean", events.GaussianDpEvent(self.noise_multiplier), 1,
+                     {"noise_multiplier": self.noise_multiplier,
+                      "sensitivity": "clip radius, enlarged for the rounding to the grid "
+                                     "(radius (1 + 2^-30) + sqrt(d) g / 2)",
+                      "noise": SECURE_MEAN_NOISE,
+                      "sampler_total_variation": mean_sampler_variation(self.columns)})]
         return [("gaussian_clipped_mean", events.GaussianDpEvent(self.noise_multiplier), 1,
                  {"noise_multiplier": self.noise_multiplier, "sensitivity": "clip radius"})]
 
@@ -322,10 +503,16 @@ class BoxMeanStage:
     noise_multiplier: float
     seed: int
     stream: tuple = (0,)
+    noise: str = "float"    # "secure": exact sum on a grid, discrete Gaussian (``mean_grid``)
 
     @property
     def shape(self):
         return (self.columns,)
+
+    def zero_sum(self):
+        if self.noise == "secure":
+            return clipping.ExactSum.zeros(self.shape)
+        return np.zeros(self.shape)
 
     def _bounds(self, state):
         bounds = np.asarray(state[self.bounds_key], float)
@@ -340,19 +527,33 @@ class BoxMeanStage:
     def partial_sum(self, block, state):
         lo, hi = self._bounds(state)
         # lo / 2 + hi / 2: the same midpoint without overflow at bounds near the float range.
-        return (np.clip(self.values(block, state), lo, hi) - (lo / 2 + hi / 2)).sum(axis=0)
+        rows = np.clip(self.values(block, state), lo, hi) - (lo / 2 + hi / 2)
+        if self.noise == "secure":   # rows of norm <= ||(hi - lo)/2|| up to rounding
+            return _secure_row_sum(rows, self.sensitivity(state), self.noise_multiplier)
+        return rows.sum(axis=0)
 
     def apply(self, state, total):
         lo, hi = self._bounds(state)
         sensitivity = self.sensitivity(state)
-        noise = mechanisms.gaussian_noise(_rng(self), total.shape, self.noise_multiplier * sensitivity)
+        if self.noise == "secure":
+            noisy = _secure_noisy_sum(self, total, sensitivity, self.columns)
+        else:
+            noisy = total + mechanisms.gaussian_noise(_rng(self), total.shape,
+                                                      self.noise_multiplier * sensitivity)
         # As in ClippedMeanStage: the exact mean of values clipped to [lo, hi] lies in [lo, hi],
         # so the release is clamped to it (post-processing), which bounds the effect of a noisy
         # count far too small (or of the noise at tiny n) by the range.
-        mean = (lo / 2 + hi / 2) + (total + noise) / max(float(state["n"]), 1.0)
+        mean = (lo / 2 + hi / 2) + noisy / max(float(state["n"]), 1.0)
         return {**state, self.key: np.clip(mean, lo, hi)}
 
     def releases(self):
+        if self.noise == "secure":
+            return [("gaussian_bounded_mean", events.GaussianDpEvent(self.noise_multiplier), 1,
+                     {"noise_multiplier": self.noise_multiplier,
+                      "sensitivity": "L2 norm of half the per-column ranges, enlarged for the "
+                                     "rounding to the grid (x (1 + 2^-30) + sqrt(d) g / 2)",
+                      "noise": SECURE_MEAN_NOISE,
+                      "sampler_total_variation": mean_sampler_variation(self.columns)})]
         return [("gaussian_bounded_mean", events.GaussianDpEvent(self.noise_multiplier), 1,
                  {"noise_multiplier": self.noise_multiplier,
                   "sensitivity": "L2 norm of half the per-column ranges"})]
@@ -418,7 +619,8 @@ class FixedGrid:
 
 def adaptive_mean_stages(key: str, columns: int, bound: float, epsilon: float, delta: float,
                          seed: int, stream: int, values: Callable = Columns(),
-                         grid_size: int = 1024, failure_probability: float = 0.01) -> list:
+                         grid_size: int = 1024, failure_probability: float = 0.01,
+                         noise: str = "float") -> list:
     """A private mean whose error scales with the data's spread rather than the bound R on the
     feature norms (the role of Lemma 3 in paper 000):
 
@@ -455,13 +657,15 @@ def adaptive_mean_stages(key: str, columns: int, bound: float, epsilon: float, d
     outliers = quantile_rank_error_bound(grid_size, eps_radius, failure_probability)
     return [
         QuantileStage(f"{key}_center_coarse", values, FixedGrid(coarse), columns, grid_size,
-                      (0.5,), eps_median, seed, (stream, 1)),
+                      (0.5,), eps_median, seed, (stream, 1), noise=noise),
         QuantileStage(f"{key}_center", values, _ZoomGrid(f"{key}_center_coarse", cell, grid_size),
-                      columns, grid_size, (0.5,), eps_median, seed, (stream, 2)),
+                      columns, grid_size, (0.5,), eps_median, seed, (stream, 2), noise=noise),
         QuantileStage(f"{key}_radius", DistancesTo(f"{key}_center", values), FixedGrid(radius_grid), 1,
-                      grid_size, (1.0,), eps_radius, seed, (stream, 3), outliers=outliers),
+                      grid_size, (1.0,), eps_radius, seed, (stream, 3), outliers=outliers,
+                      noise=noise),
         ClippedMeanStage(key, values, columns, f"{key}_center", f"{key}_radius",
-                         gaussian_noise_multiplier(epsilon / 4, delta), seed, (stream, 4)),
+                         gaussian_noise_multiplier(epsilon / 4, delta), seed, (stream, 4),
+                         noise=noise),
     ]
 
 
@@ -477,7 +681,8 @@ SUMMARY_FAILURE = 0.05   # the failure probability of the error bounds ``beam-dp
 
 def dataset_summary_stages(columns: int, quantiles: tuple, epsilon: float, delta: float,
                            seed: int, value_bound: float = 1e6, grid_size: int = 2047,
-                           count: bool = True, accountant: str = "pld") -> list:
+                           count: bool = True, accountant: str = "pld",
+                           noise: str = "float") -> list:
     """``beam-dp stats``: the private count, per-column quantiles, quantiles of the feature-vector
     norms, and per-column means clipped to the private 5th and 95th percentiles.
 
@@ -499,7 +704,7 @@ def dataset_summary_stages(columns: int, quantiles: tuple, epsilon: float, delta
     """
     def build(inverse_scale: float) -> list:
         return _summary_stages(columns, quantiles, epsilon / inverse_scale, delta, seed,
-                               value_bound, grid_size, count)
+                               value_bound, grid_size, count, noise)
 
     def make_event(inverse_scale: float):
         return events.ComposedDpEvent([accounting.self_composed(e, c)
@@ -509,7 +714,8 @@ def dataset_summary_stages(columns: int, quantiles: tuple, epsilon: float, delta
                                                        lower=0.02, upper=1.5))
 
 
-def _summary_stages(columns, quantiles, epsilon, delta, seed, value_bound, grid_size, count):
+def _summary_stages(columns, quantiles, epsilon, delta, seed, value_bound, grid_size, count,
+                    noise="float"):
     qs = tuple(sorted(set(quantiles) | {0.05, 0.95}))
     lo, hi = qs.index(0.05), qs.index(0.95)
     column_grid = np.repeat(symmetric_log_grid(value_bound, grid_size), columns, axis=0)
@@ -522,15 +728,18 @@ def _summary_stages(columns, quantiles, epsilon, delta, seed, value_bound, grid_
     # from that end) instead of anywhere on the grid; ``summary`` warns where that happens.
     first = [QuantileStage("column_quantiles", Columns(), FixedGrid(column_grid), columns,
                            grid_size, qs, eps_column, seed, (1,),
-                           margin=quantile_rank_error_bound(grid_size, eps_column, SUMMARY_FAILURE)),
+                           margin=quantile_rank_error_bound(grid_size, eps_column, SUMMARY_FAILURE),
+                           noise=noise),
              QuantileStage("norm_quantiles", Norms(), FixedGrid(norm_grid), 1, grid_size,
                            norm_qs, eps_norm, seed, (2,),
-                           margin=quantile_rank_error_bound(grid_size, eps_norm, SUMMARY_FAILURE))]
+                           margin=quantile_rank_error_bound(grid_size, eps_norm, SUMMARY_FAILURE),
+                           noise=noise)]
     if count:
-        first.insert(0, CountStage(0.05 * epsilon, seed, (0,)))
+        first.insert(0, CountStage(0.05 * epsilon, seed, (0,), noise=noise))
     return [PackedStages(tuple(first)),
             BoxMeanStage("column_means", Columns(), columns, "column_quantiles", lo, hi,
-                         gaussian_noise_multiplier(0.25 * epsilon, delta), seed, (3,))]
+                         gaussian_noise_multiplier(0.25 * epsilon, delta), seed, (3,),
+                         noise=noise)]
 
 
 def _flat_stages(stages) -> list:

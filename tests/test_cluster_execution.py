@@ -128,8 +128,13 @@ EQUIVALENCE = {
 }
 
 
-# The algorithms with secure noise (--noise secure; exact integer sums: bit-identical models).
-SECURE = ("dpgd", "dpsgd")
+# The algorithms with secure noise (--noise secure; exact integer sums: bit-identical models):
+# every registered algorithm and variant (keys of EQUIVALENCE).
+SECURE = ("dpgd", "dpsgd", "ssp", "dp-ambssgd", "dpsgd-f-practical", "dpsgd-f-theory")
+# Those that fit the real table's classifier (test_real_table_secure_noise_same_bits_...).
+SECURE_CLASSIFIERS = ("dpgd", "dpsgd", "dpsgd-f")
+# Full-batch stages over every block (no per-block sampling): any --batch-rows gives the same sums.
+FULL_BATCH = ("dpgd", "ssp")
 
 
 @pytest.mark.parametrize("name", SECURE)
@@ -137,14 +142,14 @@ def test_secure_noise_gives_the_same_model_bits_on_any_bundling(tmp_path, cli, r
                                                                  name):
     """Same seed, other bundles: the in-process runner with two worker threads (each step's input
     split between them) still gives the local runner's model, bit for bit; for full-batch DP-GD
-    also with other blocks (--batch-rows; DP-SGD's Poisson samples are drawn per block, so its
-    blocks must stay those the seed drew them for)."""
+    and SSP also with other blocks (--batch-rows; DP-SGD's Poisson samples and DP-AMBSSGD's
+    blocks are drawn per block, so their blocks must stay those the seed drew them for)."""
     dataset, extra = EQUIVALENCE[name]
     source = request.getfixturevalue(dataset)
     common = ["train", "--input", source["glob"], "--epsilon", 2.0, "--seed", 99, *extra,
               "--noise", "secure"]
     assert cli(*common, "--output", tmp_path / "local", "--batch-rows", BATCH_ROWS, *LOCAL).code == 0
-    rows = BATCH_ROWS // 3 if name == "dpgd" else BATCH_ROWS
+    rows = BATCH_ROWS // 3 if name in FULL_BATCH else BATCH_ROWS
     r = cli(*common, "--output", tmp_path / "beam", "--batch-rows", rows, *BEAM,
             "--direct_num_workers", 2, "--direct_running_mode", "multi_threading")
     assert r.code == 0, r
@@ -819,7 +824,7 @@ def test_real_table_with_defaults_same_model_on_every_runner_in_one_job(tmp_path
     assert _leftovers(temp) == []
 
 
-@pytest.mark.parametrize("algorithm", SECURE)
+@pytest.mark.parametrize("algorithm", SECURE_CLASSIFIERS)
 def test_real_table_secure_noise_same_bits_on_every_runner(tmp_path, cli, islr_default, beam_jobs,
                                                            algorithm):
     """Secure noise on a real table (ISLR Default, its income in the tens of thousands next to a

@@ -26,24 +26,37 @@ min(sigma_stat / sqrt(L + 1), sigma_grad); the two are set equal (the paper's 50
 and that one GaussianDpEvent goes in the ledger, composed with the dataset-size count.
 The paper accounts 1/alpha^2 zCDP (sequential within a block); the disjoint roles give the
 note's factor-2 saving (§2.2 remark 1), which this uses.
+
+Secure noise (``--noise secure``): the rows are quantized as DP-GD's (``clipping.quantized_rows``:
+20-bit block floating point, the features both parts see); the histogram counts are exact
+integers and are put on the grid 2^-k (2^k = the smallest power of two with sigma_stat 2^k >=
+2^32, sensitivity 2^k per count in those units) before discrete Gaussian noise of scale
+sigma_stat 2^k, the search comparing c 2^k + Z with the threshold exactly; each level's clipped
+gradient sum is an exact integer sum on its own grid zeta_i 2^-(19 + U)
+(``clipping.exact_clipped_gradient_sums``: sensitivity 2^(19 + U) in those units, U as DP-GD's
+``secure_scale_bits``), and the selected level gets discrete Gaussian noise of scale
+sigma_grad 2^(19 + U). The same GaussianDpEvent accounts for it, plus ``sampler_delta_bound``
+(``noisy_gd.secure_release_note``). Why the counts are scaled rather than noised at scale
+sigma_stat directly: see that note.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+from fractions import Fraction
 from typing import Callable
 
 import numpy as np
 from dp_accounting import dp_event as events
 
 from beam_dp import accounting, clipping, mechanisms
-from beam_dp.algorithms import registry
+from beam_dp.algorithms import noisy_gd, registry
 from beam_dp.algorithms.base import TrainState, run_chunks
 from beam_dp.algorithms.noisy_gd import (NoisyGDConfig, TrainResult, core_config,
                                           release_dataset_size, sampling_seed)
 from beam_dp.algorithms.registry import Algorithm, Problem, option
 from beam_dp.data import Block
-from beam_dp.losses import GlmLoss, scores
+from beam_dp.losses import GlmLoss, SquaredLoss, scores
 
 STAT, GRAD = 0, 1
 
@@ -115,6 +128,10 @@ class AmbssgdStep:
     tail_start: int             # steps >= tail_start enter the tail average
     seed: int
     batch_plan: Assignment | None = None   # which rows each step reads
+    # "secure": exact integer counts and sums, discrete Gaussian noise (module docstring).
+    noise: str = "float"
+    count_bits: int = 0         # secure: the counts' grid 2^-count_bits
+    scale_bits: int = clipping.GRID_SCALE_BITS   # secure: the gradient sums' grids (U)
 
     def selected_sum(self, batch: Block, state: TrainState) -> np.ndarray:
         return self.partial_sum(batch, state)
@@ -126,7 +143,70 @@ class AmbssgdStep:
     def thresholds(self) -> np.ndarray:
         return self.resolution * 2.0 ** np.arange(self.levels + 1)
 
+    def clip_norms(self) -> np.ndarray:
+        """zeta_i = R_x min(Delta 2^i, B), the candidate clip norms."""
+        return self.feature_norm * np.minimum(self.thresholds(), self.bound)
+
+    @property
+    def secure(self) -> bool:
+        return self.noise == "secure"
+
+    def zero_sum(self):
+        """The sum over no rows."""
+        return clipping.ExactSum.zeros(self.shape) if self.secure else np.zeros(self.shape)
+
+    def count_scale(self) -> float:
+        """secure: the counts' noise scale in units of 2^-count_bits."""
+        return math.ldexp(self.sigma_stat, self.count_bits)
+
+    def gradient_scale(self) -> float:
+        """secure: the gradient noise scale in units of a level's grid."""
+        return self.sigma_grad * 2.0 ** (clipping.GRID_FEATURE_BITS - 1 + self.scale_bits)
+
+    def _exact_sum(self, block: Block, state: TrainState) -> clipping.ExactSum:
+        """``partial_sum`` with secure noise: column 0 the exact counts, columns 1.. each
+        level's exact clipped gradient sum in units of its grid."""
+        if block.tag not in (2 * state.step + STAT, 2 * state.step + GRAD):
+            return clipping.ExactSum.zeros(self.shape)
+        q, shift, norms = clipping.block_quantized_rows(block, True)
+        hi = np.zeros((self.levels + 1, self.dim + 2), dtype=np.int64)
+        lo = np.zeros_like(hi)
+        if block.tag % 2 == STAT:
+            with np.errstate(over="ignore", invalid="ignore"):
+                residual = clipping.quantized_scores(state.theta, q, shift)[:, 0] - block.labels
+            cells = np.searchsorted(self.thresholds(), np.abs(residual), side="left")
+            lo[:, 0] = np.bincount(cells, minlength=self.levels + 2)[:self.levels + 1]
+            return clipping.ExactSum(hi.ravel(), lo.ravel())
+        sums = clipping.exact_clipped_gradient_sums(state.theta, q, shift, norms, block.labels,
+                                                    SquaredLoss(), self.clip_norms(),
+                                                    self.scale_bits)
+        hi[:, 1:], lo[:, 1:] = sums.hi[:, 0, :], sums.lo[:, 0, :]
+        return clipping.ExactSum(hi.ravel(), lo.ravel())
+
+    def _apply_secure(self, state: TrainState, total: clipping.ExactSum) -> TrainState:
+        hi = total.hi.reshape(self.levels + 1, self.dim + 2)
+        lo = total.lo.reshape(self.levels + 1, self.dim + 2)
+        g = mechanisms.secure_generator(self.seed, mechanisms.STREAM_NOISE, state.step)
+        unit = 1 << self.count_bits
+        # c 2^k + Z >= (s - Gamma') 2^k, in exact rational arithmetic.
+        threshold = Fraction(self.stat_size - self.margin) * unit
+        cumulative, level = 0, self.levels
+        for i in range(self.levels + 1):   # the doubling search: fresh noise per level
+            cumulative += (int(hi[i, 0]) << 32) + int(lo[i, 0])
+            noise = int(mechanisms.discrete_gaussian(g, self.count_scale(), ()))
+            if cumulative * unit + noise >= threshold:
+                level = i
+                break
+        grid = clipping.gradient_grid(float(self.clip_norms()[level]), self.scale_bits)
+        noise = mechanisms.discrete_gaussian(g, self.gradient_scale(), self.dim + 1)
+        noisy = (clipping.ExactSum(hi[level, 1:], lo[level, 1:]) + noise).to_float() * grid
+        theta = state.theta - self.learning_rate / self.batch_size * noisy[None, :]
+        in_tail = state.step >= self.tail_start
+        return TrainState(theta, state.theta_sum + theta if in_tail else state.theta_sum, state.step + 1)
+
     def partial_sum(self, block: Block, state: TrainState) -> np.ndarray:
+        if self.secure:
+            return self._exact_sum(block, state)
         out = np.zeros((self.levels + 1, self.dim + 2))
         if block.tag not in (2 * state.step + STAT, 2 * state.step + GRAD):
             return out.ravel()
@@ -168,6 +248,8 @@ class AmbssgdStep:
         return np.where(in_block, before.theta[0, columns] - after.theta[0, columns], 0.0)
 
     def apply(self, state: TrainState, total: np.ndarray) -> TrainState:
+        if self.secure:
+            return self._apply_secure(state, total)
         total = total.reshape(self.levels + 1, self.dim + 2)
         g = mechanisms.rng(self.seed, mechanisms.STREAM_NOISE, state.step)
         cumulative = np.cumsum(total[:, 0])
@@ -209,12 +291,36 @@ def train(config: NoisyGDConfig, a_config: AmbssgdConfig, loss: GlmLoss, dim: in
             lambda s: events.ComposedDpEvent([prior, events.GaussianDpEvent(s)]),
             config.epsilon, config.delta, config.accountant)
     sigma_stat = sigma * math.sqrt(levels + 1)
-    ledger.record("dp_ambssgd_blocks_parallel_composition", events.GaussianDpEvent(sigma),
-                  noise_multiplier=sigma, blocks=T, stat_noise_multiplier_per_count=sigma_stat,
+    params = dict(noise_multiplier=sigma, blocks=T, stat_noise_multiplier_per_count=sigma_stat,
                   counts_per_search=levels + 1, gradient_noise_multiplier=sigma,
                   composition=("parallel over disjoint blocks and roles: each example is in one "
                                "DP-STAT search or one clipped gradient sum, each equivalent to "
                                "a Gaussian with this multiplier"))
+    secure = {}
+    if config.noise == "secure":
+        secure = dict(noise="secure", count_bits=count_bits(sigma_stat),
+                      scale_bits=noisy_gd.secure_scale_bits(sigma))
+        # Every block draws at most L + 1 counts' noise and one gradient sum's (the scales of
+        # AmbssgdStep.count_scale and .gradient_scale).
+        count_scale = math.ldexp(sigma_stat, secure["count_bits"])
+        gradient_scale = sigma * 2.0 ** (clipping.GRID_FEATURE_BITS - 1 + secure["scale_bits"])
+        variation = noisy_gd.draws_total_variation(
+            [(T * (levels + 1), count_scale), (T * (dim + 1), gradient_scale)])
+        event = events.GaussianDpEvent(sigma)
+        epsilon = config.epsilon if config.epsilon is not None else accounting.epsilon_of(
+            ledger.event_after("dp_ambssgd_blocks_parallel_composition", event, 1, **params),
+            config.delta, config.accountant)
+        sampler_delta = noisy_gd.secure_delta_bound(variation, epsilon)
+        if sampler_delta > 1e-3 * config.delta:
+            raise ValueError(f"secure noise's samplers could add {sampler_delta:.2g} to delta at "
+                             f"epsilon {epsilon:.3g}; use --noise float")
+        params.update(noise=secure_description(secure["count_bits"], secure["scale_bits"]),
+                      sampler_total_variation=variation, sampler_delta_bound=sampler_delta)
+        if noisy_gd.secure_release_note() not in ledger.notes:
+            ledger.notes.append(noisy_gd.secure_release_note())
+    else:
+        params["noise"] = noisy_gd.noise_description("float", sigma)
+    ledger.record("dp_ambssgd_blocks_parallel_composition", events.GaussianDpEvent(sigma), **params)
     # The search compares noisy counts with the nominal s (the realized size of a block's
     # statistics part is private under add/remove). That size is Binomial with std ~ sqrt(s), so
     # the margin also allows for it, or once sqrt(s) is comparable to the noise margin the search
@@ -230,7 +336,7 @@ def train(config: NoisyGDConfig, a_config: AmbssgdConfig, loss: GlmLoss, dim: in
         tail_start=T - T // 2, seed=seed,
         # The batch job's graph holds the plan: a key derived from the seed for the assignment,
         # not the root seed (from which the steps' noise could be derived).
-        batch_plan=Assignment(sampling_seed(seed), T, a_config.stat_fraction, n / T))
+        batch_plan=Assignment(sampling_seed(seed), T, a_config.stat_fraction, n / T), **secure)
     state = TrainState.zeros(1, dim)
     epsilon = ledger.epsilon(config.delta)
     on_progress(0, T, epsilon)
@@ -245,12 +351,31 @@ def train(config: NoisyGDConfig, a_config: AmbssgdConfig, loss: GlmLoss, dim: in
                         "expected_feature_norm": step.feature_norm})
 
 
+def count_bits(sigma_stat: float) -> int:
+    """k of the counts' grid 2^-k: the smallest with sigma_stat 2^k >= 2^32 (module docstring);
+    ValueError where the scale would pass 2^48."""
+    bits = 0
+    while math.ldexp(sigma_stat, bits) < 2.0 ** 32:
+        bits += 1
+    if math.ldexp(sigma_stat, bits) > 2.0 ** 48:
+        raise ValueError(f"noise multiplier {sigma_stat:.3g} per count is outside what the secure "
+                         "noise handles; use --noise float")
+    return bits
+
+
+def secure_description(count_bits: int, scale_bits: int) -> str:
+    return (f"discrete Gaussian on exact integer sums (counts on the grid 2^-{count_bits}; each "
+            f"level's gradient sum on 2^-{clipping.GRID_FEATURE_BITS - 1 + scale_bits} of its "
+            "clip norm; ChaCha20 randomness; accounted as the Gaussian plus sampler_delta_bound)")
+
+
 def _train_registered(options: AmbssgdConfig, problem: Problem, aggregator, seed, ledger, progress):
-    return train(core_config("dpsgd", options, problem), options, problem.loss, problem.dim,
-                 aggregator, seed, ledger, progress)
+    return train(core_config("dpsgd", options, problem, secure=True), options, problem.loss,
+                 problem.dim, aggregator, seed, ledger, progress)
 
 
 DP_AMBSSGD = Algorithm(
     "dp-ambssgd", "linear regression on 100,000+ rows of standardized data: one pass, adaptive "
                   "clipping; its error vanishes as the observation noise does (paper 003)",
-    ("linear",), AmbssgdConfig, _train_registered, checkpoints=False, no_intercept=False)
+    ("linear",), AmbssgdConfig, _train_registered, checkpoints=False, no_intercept=False,
+    secure_noise=True)

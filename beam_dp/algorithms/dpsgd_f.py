@@ -94,6 +94,10 @@ def train(config: noisy_gd.NoisyGDConfig, f_config: DpsgdFConfig, loss: GlmLoss,
     if config.epsilon is not None and eps_f >= config.epsilon:
         raise ValueError(f"--preprocess-epsilon {eps_f} leaves nothing of epsilon {config.epsilon} for training")
     bound = f_config.feature_norm
+    # Secure noise (--noise secure): the preprocessing's releases too (stats module docstring):
+    # the means exact sums on a grid with discrete Gaussian noise, the quantiles an exact
+    # exponential mechanism, and noisy_gd.train's steps and count as for dpsgd.
+    noise = "secure" if config.noise == "secure" else "float"
 
     if f_config.variant == "practical":
         bound = 1.0 if bound is None else bound   # the paper's C_F = 1
@@ -102,7 +106,8 @@ def train(config: noisy_gd.NoisyGDConfig, f_config: DpsgdFConfig, loss: GlmLoss,
 
         def preprocess(n: int) -> dict:
             sigma_f = stats.gaussian_noise_multiplier(eps_f, config.delta)
-            stage = stats.ClippedMeanStage("mean", values, dim, 0.0, bound, sigma_f, seed, (_STREAM,))
+            stage = stats.ClippedMeanStage("mean", values, dim, 0.0, bound, sigma_f, seed, (_STREAM,),
+                                           noise=noise)
             state = _release(aggregator, [stage], {"n": n}, ledger)
             return {"mean": state["mean"].tolist(), "mean_epsilon": eps_f,
                     "mean_noise_multiplier": sigma_f}
@@ -146,7 +151,8 @@ def train(config: noisy_gd.NoisyGDConfig, f_config: DpsgdFConfig, loss: GlmLoss,
             k_r = stats.quantile_rank_error_bound(size, eps_r, 1.0 / n)
             r_grid = stats.log_grid(NORM_GRID_LOW, NORM_GRID_HIGH, size)
             r_stage = stats.QuantileStage("feature_bound", stats.Norms(), stats.FixedGrid(r_grid), 1,
-                                          size, (1.0,), eps_r, seed, (_STREAM, 6), outliers=k_r)
+                                          size, (1.0,), eps_r, seed, (_STREAM, 6), outliers=k_r,
+                                          noise=noise)
             state = _release(aggregator, [r_stage], state, ledger)
             r = max(float(state["feature_bound"][0, 0]), float(r_grid[0, 1]))
             pre["feature_clip"] = {
@@ -171,13 +177,13 @@ def train(config: noisy_gd.NoisyGDConfig, f_config: DpsgdFConfig, loss: GlmLoss,
         # radius on the scale of R and the mean error triples (measured over 300 seeds).
         mean_stages = stats.adaptive_mean_stages("mean", dim, r, eps_f / 2, config.delta / 2,
                                                  seed, _STREAM, values, size,
-                                                 failure_probability=1.0 / n ** 2)
+                                                 failure_probability=1.0 / n ** 2, noise=noise)
         eps_tau = eps_f / 2 if bound is not None else eps_f / 4
         k_tau = stats.quantile_rank_error_bound(size, eps_tau, 1.0 / n)
         tau_grid = stats.log_grid(r / n ** 2, 2 * r, size)
         tau_stage = stats.QuantileStage(
             "tau", stats.DistancesTo("mean", values), stats.FixedGrid(tau_grid), 1, size, (1.0,),
-            eps_tau, seed, (_STREAM, 5), outliers=k_tau)
+            eps_tau, seed, (_STREAM, 5), outliers=k_tau, noise=noise)
         state = _release(aggregator, mean_stages + [tau_stage], state, ledger)
         tau = max(float(state["tau"][0, 0]), float(tau_grid[0, 1]))   # never 0 (grid[0] = 0)
         pre.update({
@@ -214,6 +220,9 @@ def train(config: noisy_gd.NoisyGDConfig, f_config: DpsgdFConfig, loss: GlmLoss,
 
 def _release(aggregator, stages, state, ledger):
     stats.record_releases(stages, ledger)
+    if any(getattr(s, "noise", "float") == "secure" for s in stages) and \
+            noisy_gd.secure_release_note() not in ledger.notes:
+        ledger.notes.append(noisy_gd.secure_release_note())
     return aggregator.run_stages(stages, state)
 
 
@@ -223,7 +232,7 @@ class DpsgdFOptions(DpsgdFConfig, noisy_gd.DpsgdOptions):
 
 
 def _train_registered(options: DpsgdFOptions, problem: Problem, aggregator, seed, ledger, progress):
-    config = noisy_gd.core_config("dpsgd", options, problem)
+    config = noisy_gd.core_config("dpsgd", options, problem, secure=True)
     f_config = DpsgdFConfig(options.variant, options.preprocess_epsilon, options.feature_norm,
                             options.grid_size)
     return train(config, f_config, problem.loss, problem.dim, aggregator, seed, ledger, progress,
@@ -234,4 +243,4 @@ def _train_registered(options: DpsgdFOptions, problem: Problem, aggregator, seed
 DPSGD_F = Algorithm(
     "dpsgd-f", "features far from the origin or of very different norms (paper 000): DP-SGD "
                "after a private mean-centering of the features",
-    MODEL_NAMES, DpsgdFOptions, _train_registered)
+    MODEL_NAMES, DpsgdFOptions, _train_registered, secure_noise=True)

@@ -294,13 +294,66 @@ _SAMPLER_TV = 2.0 ** -50
 
 
 def sampler_delta_bound(noise_multiplier: float, coordinates: int, steps: int,
-                        epsilon: float) -> float:
-    """(1 + e^eps) (T D tau + tau_count): what the secure noise can add to the Gaussian's delta
-    (``secure_noise_note``), the count's one discrete Laplace draw (accounted as pure DP)
-    included, as if there were one."""
+                        epsilon: float, prior_variation: float = 0.0) -> float:
+    """(1 + e^eps) (T D tau + tau_count + prior): what the secure noise can add to the Gaussian's
+    delta (``secure_noise_note``), the count's one discrete Laplace draw (accounted as pure DP)
+    included, as if there were one, and ``prior_variation``, the total variation of secure
+    releases made before the steps (``sampler_total_variation`` of e.g. DPSGD-F's private mean)."""
     s = noise_multiplier * 2.0 ** (clipping.GRID_FEATURE_BITS - 1 + secure_scale_bits(noise_multiplier))
     tau = 1.0 / (48.0 * s * s) + _SAMPLER_TV
-    return (1.0 + math.exp(min(epsilon, 700.0))) * (steps * coordinates * tau + _SAMPLER_TV)
+    return (1.0 + math.exp(min(epsilon, 700.0))) * (steps * coordinates * tau + _SAMPLER_TV
+                                                     + prior_variation)
+
+
+def draws_total_variation(draws) -> float:
+    """The total variation between the discrete Gaussian draws ``draws`` ((count, scale in grid
+    units) pairs, every scale at least 2^32 here) of ``mechanisms.discrete_gaussian`` and the
+    rounded Gaussians of the same scales: per draw 1/(48 s^2) + 2^-50 (``secure_noise_note``)."""
+    total = 0.0
+    for count, scale in draws:
+        if count:
+            total += count * (1.0 / (48.0 * float(scale) ** 2) + _SAMPLER_TV)
+    return total
+
+
+def secure_delta_bound(variation: float, epsilon: float) -> float:
+    """(1 + e^eps) (variation + tau_count): what the secure noise of a run whose draws are within
+    total variation ``variation`` of the rounded Gaussians can add to delta, the dataset-size
+    count's discrete Laplace draw included as if there were one (``secure_release_note``)."""
+    return (1.0 + math.exp(min(epsilon, 700.0))) * (variation + _SAMPLER_TV)
+
+
+def prior_total_variation(ledger: accounting.Ledger) -> float:
+    """The ``sampler_total_variation`` of the secure releases in the ledger so far."""
+    return sum(float(r.params.get("sampler_total_variation", 0.0)) * r.count
+               for r in ledger.releases)
+
+
+def secure_release_note() -> str:
+    """Why a secure release other than a gradient step (SSP's statistics, DP-AMBSSGD's counts
+    and sums, the private means and counts of ``beam_dp.stats``) is accounted as its float
+    mechanism.
+
+    Gaussian releases: the release is S + Z, S an integer vector that is a function of the data
+    (an exact sum of per-example integer vectors on a public power-of-two grid, or an exact
+    integer function of such a sum, e.g. ceil(lambda_min) - 1 of an integer Gram matrix, found
+    by exact rational arithmetic), whose L2 sensitivity in grid units is at most Delta *after*
+    the rounding to the grid (each entry moves by 1/2 at most, and every rounded row is
+    certified against that bound), and Z discrete Gaussian draws at scale s = sigma Delta >=
+    2^32 per coordinate. S + round(N(0, s^2 I)) = round(S + N(0, s^2 I)) is a post-processing of
+    the Gaussian mechanism of multiplier sigma, so its GaussianDpEvent accounts for it, and each
+    draw is within total variation 1/(48 s^2) + 2^-50 of round(N(0, s^2)); over every draw of
+    the run the probabilities of any set of outputs move by at most the sum (whatever the
+    adaptivity), so the guarantee holds with delta + (1 + e^eps) x (that sum + 2^-50 for the
+    count's discrete Laplace draw): ``sampler_delta_bound`` in the report (each release's total
+    variation is its ``sampler_total_variation``). A run refuses secure noise where that passes
+    1e-3 delta. Counts (sensitivity 1) are put on the grid 2^-k with 2^k >= 2^32 / sigma before
+    the noise, as a discrete Gaussian of scale sigma itself (tens) would be ~1e-4 in total
+    variation from the rounded Gaussian, and dp_accounting's Gaussian PLD is not proven to
+    bound the discrete Gaussian's own. Pure-DP releases: a discrete Laplace count of scale
+    1/eps is eps-DP exactly (PureDpEvent); the exponential mechanism is sampled exactly (rational
+    utilities, exact Bernoulli(exp(-x)) coins on ChaCha20 bits), so it is eps-DP as accounted."""
+    return " ".join(secure_release_note.__doc__.split())
 
 
 def _step_event(noise_multiplier: float, q: float) -> events.DpEvent:
@@ -414,8 +467,9 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
         epsilon = config.epsilon if config.epsilon is not None else accounting.epsilon_of(
             ledger.event_after(_step_release_name(q), _step_event(sigma, q), total_steps),
             config.delta, config.accountant)
+        # The releases before the steps (DPSGD-F's secure preprocessing) count in it too.
         sampler_delta = sampler_delta_bound(sigma, int(np.prod(state.theta.shape)), total_steps,
-                                            epsilon)
+                                            epsilon, prior_total_variation(ledger))
         if sampler_delta > 1e-3 * config.delta:
             raise ValueError(f"secure noise's samplers could add {sampler_delta:.2g} to delta at "
                              f"epsilon {epsilon:.3g} over these steps; use --noise float")

@@ -208,7 +208,7 @@ class Algorithm:
             raise ValueError(f"{self.name} always fits an intercept; drop --no-intercept")
         if problem.privacy.noise == "secure" and not self.secure_noise:
             raise ValueError(f"{self.name} has no secure noise yet (its releases add numpy's float "
-                             "noise); use --noise float, or dpgd / dpsgd")
+                             "noise); use --noise float")
 
 
 def algorithms() -> dict[str, Algorithm]:
