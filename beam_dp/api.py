@@ -59,6 +59,9 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
     everything the run will have released before it releases more (``beam_dp.ledger``'s
     budget across runs; it raises to refuse).
     """
+    if mechanisms.NOISE_SCALE_FOR_TESTS != 1.0:   # the audit's broken build must not train models
+        raise RuntimeError("this process has mechanisms.NOISE_SCALE_FOR_TESTS set (a test-only "
+                           "hook that scales every noise draw): refusing to train")
     run = _run(X, y, input=input, algorithm=algorithm, model=model, epsilon=epsilon, delta=delta,
                noise_multiplier=noise_multiplier, accountant=accountant,
                num_examples=num_examples, count_epsilon=count_epsilon, noise=noise,

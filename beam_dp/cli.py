@@ -672,11 +672,14 @@ def _audit(args) -> int:
         feature_columns=args.feature_columns, seed=args.seed, **options)
     _stop_if_interrupted()
     _write_outputs(args, {"audit_report.json": report.json_text(found)})
-    print(f"audited {args.algorithm} ({args.model}): claimed epsilon={found['claimed_epsilon']:.4g} "
-          f"at delta={args.delta:g}; empirical lower bound {found['epsilon_lower_bound']:.4g} at "
+    print(f"audited {args.algorithm} ({args.model}): claimed epsilon="
+          f"{found['claimed_epsilon_of_canary_releases']:.4g} for the releases the canaries "
+          f"enter ({found['claimed_epsilon']:.4g} for the run) at delta={args.delta:g}; "
+          f"empirical lower bound {found['epsilon_lower_bound']:.4g} at "
           f"{found['confidence']:.0%} confidence ({found['correct']} of {found['guesses']} guesses "
           f"right, {found['canaries']} canaries): {found['verdict']}; wrote {args.output}")
-    return 0 if found["epsilon_lower_bound"] <= found["claimed_epsilon"] else EXIT_AUDIT_VIOLATION
+    return (0 if found["epsilon_lower_bound"] <= found["claimed_epsilon_of_canary_releases"]
+            else EXIT_AUDIT_VIOLATION)
 
 
 def _print_charge(ledger, release: str, args) -> None:

@@ -228,13 +228,21 @@ class AmbssgdStep:
                                                      block.sq_norms, zetas, True)[:, 0, :]
         return out.ravel()
 
-    def canary_sum(self, state: TrainState, canaries) -> np.ndarray:
+    # The ledger release the audit's canaries enter.
+    canary_releases = ("dp_ambssgd_blocks_parallel_composition",)
+
+    def canary_sum(self, state: TrainState, canaries):
         """The audit's white-box canaries (``beam_dp.audit``) in this block: each included canary
         assigned to it (uniformly over the blocks, from the audit's randomness, as a row's block
         is) takes the gradient role and adds, at every candidate clip norm zeta_i, a clipped
-        gradient of norm zeta_i on its own feature column: the most one example can add."""
-        out = np.zeros((self.levels + 1, self.dim + 2))
+        gradient of norm zeta_i on its own feature column: the most one example can add (with
+        secure noise: the sensitivity 2^(19 + U) in units of every level's grid)."""
         columns = canaries.columns[canaries.included & (canaries.blocks(self.batch_plan.blocks) == state.step)]
+        if self.secure:
+            units = np.zeros((self.levels + 1, self.dim + 2), dtype=np.int64)
+            units[:, 1 + columns] = 1 << (clipping.GRID_FEATURE_BITS - 1 + self.scale_bits)
+            return clipping.ExactSum.of(units.ravel())
+        out = np.zeros((self.levels + 1, self.dim + 2))
         zetas = self.feature_norm * np.minimum(self.thresholds(), self.bound)
         out[:, 1 + columns] = zetas[:, None]
         return out.ravel()

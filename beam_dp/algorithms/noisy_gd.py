@@ -138,6 +138,10 @@ class NoisyGradientStep:
     def secure(self) -> bool:
         return self.noise == "secure"
 
+    # The ledger releases the audit's canaries enter (``_step_release_name``).
+    canary_releases = ("gaussian_clipped_gradient_sum",
+                       "poisson_sampled_gaussian_clipped_gradient_sum")
+
     def canary_sum(self, state: TrainState, canaries):
         """The audit's white-box canaries (``beam_dp.audit``) at this step: each included canary
         that the step's Poisson sampling would take (at the step's rate, from the audit's own

@@ -44,6 +44,7 @@ from beam_dp import accounting, clipping, features, mechanisms
 from beam_dp.algorithms import noisy_gd, registry
 from beam_dp.algorithms.noisy_gd import NoisyGDConfig, TrainResult, core_config, release_dataset_size
 from beam_dp.algorithms.registry import Algorithm, Problem, option
+from beam_dp.data import Block
 from beam_dp.losses import GlmLoss
 
 RHO = 0.05
@@ -188,16 +189,23 @@ class GramStage:
         with np.errstate(under="ignore"):
             return z.T @ z
 
-    def canary_sum(self, state, canaries) -> np.ndarray:
+    # The ledger release the audit's canaries enter (all three of its statistics).
+    canary_releases = ("gaussian_sufficient_statistics",)
+
+    def canary_sum(self, state, canaries):
         """The audit's white-box canaries (``beam_dp.audit``): each included canary is the row
-        z = (C_x on its own feature column, 1, -C_y), the largest a row can be; it pulls its
-        coordinate of the model down. (No ``canary_scores``: the releases are made after this
-        stage, so the audit scores the released model.)"""
+        x = C_x on its own feature column, y = -C_y, the largest a row can be (with secure noise,
+        put on the grid as any row is); it pulls its coordinate of the model down. (No
+        ``canary_scores``: the releases are made after this stage, so the audit scores the
+        released model.)"""
         columns = canaries.columns[canaries.included]
-        z = np.zeros((columns.size, self.dim + 2))
-        z[np.arange(columns.size), columns] = self.feature_norm
-        z[:, self.dim] = 1.0
-        z[:, self.dim + 1] = -self.label_bound
+        x = np.zeros((columns.size, self.dim))
+        x[np.arange(columns.size), columns] = self.feature_norm
+        rows = Block(x, np.full(columns.size, -self.label_bound))
+        if self.grid is not None:
+            return clipping.exact_gram(self.grid.rows(rows, self.feature_norm, self.label_bound),
+                                       self.grid.entry_bound)
+        z = np.column_stack([rows.features, np.ones(columns.size), rows.labels])
         return z.T @ z
 
     def zero_sum(self):
