@@ -47,9 +47,11 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
 
     ``epsilon`` (with ``delta``) calibrates the noise; ``noise_multiplier`` instead reports the
     epsilon it buys. Without ``num_examples`` the dataset size is a private Laplace count whose
-    budget is part of epsilon. ``noise``: "secure" (every algorithm: integer noise on exact integer
-    sums, exactly sampled exponential mechanisms) or "float" (numpy's float noise; the default). Without ``seed`` all randomness comes from the OS's secure source;
-    a fixed seed is for tests. ``progress(steps_done, steps_total, epsilon_so_far)`` is called
+    budget is part of epsilon. ``noise``: None (the default: secure noise where the algorithm has
+    it, float where secure noise's slack would pass 1e-3 delta, said in the report), "secure"
+    (integer noise on exact integer sums, exactly sampled exponential mechanisms; refused where it
+    cannot be used) or "float" (numpy's float noise). Without ``seed`` all randomness comes from
+    the OS's secure source; a fixed seed is for tests. ``progress(steps_done, steps_total, epsilon_so_far)`` is called
     between chunks of steps. The neighbouring relation is add/remove one row.
 
     ``warm_start``: a released model (a Model, or its model.json or output directory) to start

@@ -141,9 +141,12 @@ def _add_run_arguments(parser, audit: bool) -> None:
     privacy.add_argument("--count-epsilon", type=float, default=None,
                          help="budget of that count; default: a share of --epsilon (see README)")
     privacy.add_argument("--noise", choices=("secure", "float"), default=None,
-                         help="secure (every algorithm): discrete noise on exact integer sums "
-                              "from a cryptographic generator, the same model bits on every "
-                              "runner; float (the default): numpy's float noise on float sums")
+                         help="secure (the default where the algorithm has it: all but the "
+                              "paper-004 geometry algorithms): discrete noise on exact integer "
+                              "sums from a cryptographic generator, the same model bits on every "
+                              "runner; float: numpy's float noise on float sums. By default, "
+                              "float noise stands in (said in the report) where secure noise's "
+                              "slack would pass 1e-3 delta; --noise secure refuses such a run")
     privacy.add_argument("--seed", type=int, default=None,
                          help="fixed seed, for tests and comparisons only; default: the OS's "
                               "secure randomness")
@@ -279,10 +282,12 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     st.add_argument("--accountant", choices=accounting.ACCOUNTANTS, default="pld",
                     help="privacy accountant")
     st.add_argument("--num-examples", type=_positive_int, default=None, help="public dataset size")
-    st.add_argument("--noise", choices=("secure", "float"), default="float",
-                    help="secure: discrete Laplace count, means as exact sums on a grid with "
-                         "discrete Gaussian noise, exactly sampled exponential-mechanism "
-                         "quantiles, from a cryptographic generator; float: numpy's float noise")
+    st.add_argument("--noise", choices=("secure", "float"), default=None,
+                    help="secure (the default): discrete Laplace count, means as exact sums on a "
+                         "grid with discrete Gaussian noise, exactly sampled exponential-mechanism "
+                         "quantiles, from a cryptographic generator; float: numpy's float noise "
+                         "(the default falls back to it, saying so, where secure noise's slack "
+                         "would pass 1e-3 delta)")
     st.add_argument("--seed", type=int, default=None, help="fixed seed (tests only)")
     st.add_argument("--runner", default=DEFAULT_BEAM_RUNNER, help="'local' or a Beam runner")
     st.add_argument("--batch-rows", type=_positive_int, default=65536, help="rows per block read")
@@ -819,22 +824,35 @@ def _stats(args, beam_args: list[str]) -> int:
                          "(0, 1e150]")
     features, aggregator = _input(args, beam_args, losses.SquaredLoss())
     seed = args.seed if args.seed is not None else mechanisms.secure_seed()
-    stages = stats.dataset_summary_stages(len(features), args.quantiles, args.epsilon, args.delta,
-                                          seed, args.value_bound, count=args.num_examples is None,
-                                          accountant=args.accountant, noise=args.noise)
-    secure = args.noise == "secure"
+    from beam_dp.algorithms import noisy_gd
+
+    def make_stages(noise: str) -> list:
+        return stats.dataset_summary_stages(len(features), args.quantiles, args.epsilon,
+                                            args.delta, seed, args.value_bound,
+                                            count=args.num_examples is None,
+                                            accountant=args.accountant, noise=noise)
+
     with report.atomic_directory(args.output, args.overwrite) as out:
         ledger = accounting.Ledger(args.accountant, accounting.ADD_REMOVE)
-        stats.record_releases(stages, ledger)
-        sampler_delta = None
+        # Secure noise unless --noise float; where its samplers' slack would pass 1e-3 delta,
+        # refused with --noise secure, float noise (said in the report) by default.
+        secure, sampler_delta = args.noise != "float", None
         if secure:
-            from beam_dp.algorithms import noisy_gd
+            stages = make_stages("secure")
+            planned = accounting.Ledger(args.accountant, accounting.ADD_REMOVE)
+            stats.record_releases(stages, planned)
             # The samplers' total variation over every release, at the run's (target) epsilon.
-            sampler_delta = noisy_gd.secure_delta_bound(noisy_gd.prior_total_variation(ledger),
+            sampler_delta = noisy_gd.secure_delta_bound(noisy_gd.prior_total_variation(planned),
                                                         args.epsilon)
             if sampler_delta > 1e-3 * args.delta:
-                raise ValueError(f"secure noise's samplers could add {sampler_delta:.2g} to delta; "
-                                 "use --noise float")
+                why = noisy_gd.SecureNoiseUnavailable(
+                    f"secure noise's samplers could add {sampler_delta:.2g} to delta")
+                secure = noisy_gd.float_instead(args.noise, why, ledger) == "secure"
+                sampler_delta = None
+        if not secure:
+            stages = make_stages("float")
+        stats.record_releases(stages, ledger)
+        if secure:
             ledger.notes.append(noisy_gd.secure_release_note())
         try:
             state = aggregator.run_stages(stages, {"n": args.num_examples} if args.num_examples else {})

@@ -207,7 +207,8 @@ def _blocks(n=600, d=3, seed=0):
 def test_driver_ledger_matches_its_sampling_and_noise(algorithm, num_examples):
     config = noisy_gd.NoisyGDConfig(algorithm=algorithm, batch_size=60, steps=7, steps_per_chunk=3,
                                     noise_multiplier=1.7, num_examples=num_examples,
-                                    count_epsilon=0.05, clip_norm=0.8, delta=1e-6)
+                                    count_epsilon=0.05, clip_norm=0.8, delta=1e-6,
+                                    noise="float")   # the float count and steps, recomputed below
     aggregator = SpyAggregator(_blocks())
     ledger = accounting.Ledger("pld")
     result = noisy_gd.train(config, losses.make_loss("logistic"), 3, aggregator, seed=5,

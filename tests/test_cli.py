@@ -91,8 +91,10 @@ def test_make_data_then_train_local_writes_the_artifacts(tmp_path, cli):
     assert privacy["noise_multiplier"] == 1.2 and privacy["steps"] == 5
     assert privacy["clip_norm"] == 1.0 and privacy["delta"] == 1e-5
     assert 0 < privacy["epsilon"] < math.inf
+    # Secure noise by default: a discrete Laplace count and discrete Gaussian steps.
     assert [m["name"] for m in privacy["mechanisms"]] == [
-        "laplace_count", "poisson_sampled_gaussian_clipped_gradient_sum"]
+        "discrete_laplace_count", "poisson_sampled_gaussian_clipped_gradient_sum"]
+    assert privacy["mechanisms"][-1]["noise"].startswith("discrete Gaussian on exact integer sums")
 
     metrics = read_json(out / "metrics.json")
     assert metrics["covered_by_privacy_guarantee"] is False
@@ -183,7 +185,7 @@ def test_report_epsilon_recomputed_independently(tmp_path, cli, small_binary, ac
         assert privacy["dataset_size"] == {"source": "public (--num-examples)", "value": SMALL_N}
         assert privacy["sampling_probability"] == pytest.approx(300 / SMALL_N)
     else:
-        assert names[0] == "laplace_count"
+        assert names[0] == "discrete_laplace_count"   # secure noise, the default
         # The default count budget is 1% of epsilon.
         assert privacy["mechanisms"][0]["epsilon"] == pytest.approx(0.01)
         assert privacy["sampling_probability"] == pytest.approx(

@@ -157,8 +157,13 @@ def test_secure_noise_gives_the_same_model_bits_on_any_bundling(tmp_path, cli, r
     assert report["mechanisms"][-1]["noise"].startswith("discrete Gaussian on exact integer sums")
     assert report["mechanisms"][0]["name"] == "discrete_laplace_count"
     np.testing.assert_array_equal(model_theta(tmp_path / "beam"), model_theta(tmp_path / "local"))
-    # The float noise of the same run is float-close, not equal: what the exact sums buy.
-    assert cli(*common[:-2], "--output", tmp_path / "float", "--batch-rows", BATCH_ROWS, *LOCAL).code == 0
+    # Secure noise is the default: the same run without --noise is the same model.
+    assert cli(*common[:-2], "--output", tmp_path / "default", "--batch-rows", BATCH_ROWS,
+               *LOCAL).code == 0
+    np.testing.assert_array_equal(model_theta(tmp_path / "default"), model_theta(tmp_path / "local"))
+    # --noise float: numpy's float noise on float sums, said so in the report.
+    assert cli(*common[:-2], "--noise", "float", "--output", tmp_path / "float", "--batch-rows",
+               BATCH_ROWS, *LOCAL).code == 0
     assert read_json(tmp_path / "float" / "privacy_report.json")["mechanisms"][-1]["noise"] == \
         "float Gaussian (numpy) on float sums"
 

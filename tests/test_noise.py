@@ -155,3 +155,26 @@ def test_secure_seed_is_128_bits_and_fresh():
     seeds = {mechanisms.secure_seed() for _ in range(8)}
     assert len(seeds) == 8 and all(0 <= s < 2**128 for s in seeds)
     assert max(seeds) >= 2**64   # with probability 1 - 2^-512
+
+
+# --------------------------------------------------- secure noise by default, float where it can't
+
+def test_secure_noise_is_the_default_and_stands_back_where_it_cannot_be_used():
+    """Default (no noise=): secure noise; where its grid cannot hold the noise (a noise multiplier
+    of 0.001), float noise with a note in the report; an explicit noise="secure" refuses."""
+    import beam_dp
+    from beam_dp.algorithms import noisy_gd as ngd
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(400, 3))
+    y = (x[:, 0] > 0).astype(float)
+    common = dict(algorithm="dpgd", num_examples=400, steps=3, seed=1)
+    default = beam_dp.train(x, y, noise_multiplier=1.0, **common).privacy_report
+    assert default["mechanisms"][-1]["noise"].startswith("discrete Gaussian on exact integer sums")
+    assert not any("could not be used" in note for note in default["accounting_notes"])
+
+    fallback = beam_dp.train(x, y, noise_multiplier=0.001, **common).privacy_report
+    assert fallback["mechanisms"][-1]["noise"] == "float Gaussian (numpy) on float sums"
+    assert any(note.startswith("secure noise is the default, but it could not be used")
+               for note in fallback["accounting_notes"])
+    with pytest.raises(ngd.SecureNoiseUnavailable, match="use --noise float"):
+        beam_dp.train(x, y, noise_multiplier=0.001, noise="secure", **common)

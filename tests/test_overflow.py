@@ -292,6 +292,11 @@ class _Spy(LocalAggregator):
 def _noisy_gd_config(algorithm, **more):
     # A given noise multiplier and a public n: no calibration, so the runs stay quick; the noise
     # draws come from the seed and are the same in every run.
+    # The float path: a huge row must act exactly as the same row at an ordinary scale. (With
+    # secure noise, the default, a row is rounded to 20 bits of its largest entry, so its small
+    # entries round differently at the two scales; its overflow safety is tested with the exact
+    # sums, tests/test_exact_sums.py and tests/test_secure_releases.py.)
+    more.setdefault("noise", "float")
     return noisy_gd.NoisyGDConfig(algorithm=algorithm, noise_multiplier=1.0, delta=1e-5,
                                   clip_norm=0.5, learning_rate=1.0, batch_size=60,
                                   num_examples=N, **more)

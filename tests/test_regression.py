@@ -397,7 +397,9 @@ def test_ambssgd_ledger_is_one_gaussian_by_parallel_composition(num_examples):
     n, d = 8000, 5
     x, y, _ = _gaussian_regression(1, n, d, 1.0)
     aggregator = _Recording(_blocks(x, y, rows=3000))
-    config = NoisyGDConfig(epsilon=1.0, delta=1e-5, num_examples=num_examples)
+    # The float releases (a Laplace count), recomputed below with dp_accounting's own events;
+    # the secure ones' sensitivities and grids: tests/test_secure_releases.py.
+    config = NoisyGDConfig(epsilon=1.0, delta=1e-5, num_examples=num_examples, noise="float")
     a_config = dp_ambssgd.AmbssgdConfig(blocks=8)
     ledger = accounting.Ledger()
     result = dp_ambssgd.train(config, a_config, losses.SquaredLoss(), d, aggregator, 3, ledger)
@@ -451,7 +453,7 @@ def test_ambssgd_report_epsilon_recomputed_with_dp_accounting(tmp_path, cli, reg
     extra = ["--num-examples", num_examples] if num_examples else []
     r = cli("train", "--input", regression_data["glob"], "--output", out, "--model", "linear",
             "--algorithm", "dp-ambssgd", "--epsilon", 1.0, "--delta", 1e-5, "--blocks", 6,
-            "--seed", 4, *LOCAL, *extra)
+            "--seed", 4, "--noise", "float", *LOCAL, *extra)   # float: a Laplace count below
     assert r.code == 0, r
     privacy = read_json(out / "privacy_report.json")
     mechanisms = privacy["mechanisms"]
@@ -606,7 +608,8 @@ def test_ssp_report_epsilon_recomputed_with_dp_accounting(tmp_path, cli, regress
     out = tmp_path / "out"
     extra = ["--ridge", ridge] if ridge is not None else []
     r = cli("train", "--input", regression_data["glob"], "--output", out, "--model", "linear",
-            "--algorithm", "ssp", "--epsilon", 1.0, "--delta", 1e-5, "--seed", 4, *LOCAL, *extra)
+            "--algorithm", "ssp", "--epsilon", 1.0, "--delta", 1e-5, "--seed", 4,
+            "--noise", "float", *LOCAL, *extra)   # float: a Laplace count and C_x^2 + 1 below
     assert r.code == 0, r
     privacy = read_json(out / "privacy_report.json")
     count, stats_release = privacy["mechanisms"]

@@ -305,28 +305,12 @@ def train(config: NoisyGDConfig, a_config: AmbssgdConfig, loss: GlmLoss, dim: in
                                "DP-STAT search or one clipped gradient sum, each equivalent to "
                                "a Gaussian with this multiplier"))
     secure = {}
-    if config.noise == "secure":
-        secure = dict(noise="secure", count_bits=count_bits(sigma_stat),
-                      scale_bits=noisy_gd.secure_scale_bits(sigma))
-        # Every block draws at most L + 1 counts' noise and one gradient sum's (the scales of
-        # AmbssgdStep.count_scale and .gradient_scale).
-        count_scale = math.ldexp(sigma_stat, secure["count_bits"])
-        gradient_scale = sigma * 2.0 ** (clipping.GRID_FEATURE_BITS - 1 + secure["scale_bits"])
-        variation = noisy_gd.draws_total_variation(
-            [(T * (levels + 1), count_scale), (T * (dim + 1), gradient_scale)])
-        event = events.GaussianDpEvent(sigma)
-        epsilon = config.epsilon if config.epsilon is not None else accounting.epsilon_of(
-            ledger.event_after("dp_ambssgd_blocks_parallel_composition", event, 1, **params),
-            config.delta, config.accountant)
-        sampler_delta = noisy_gd.secure_delta_bound(variation, epsilon)
-        if sampler_delta > 1e-3 * config.delta:
-            raise ValueError(f"secure noise's samplers could add {sampler_delta:.2g} to delta at "
-                             f"epsilon {epsilon:.3g}; use --noise float")
-        params.update(noise=secure_description(secure["count_bits"], secure["scale_bits"]),
-                      sampler_total_variation=variation, sampler_delta_bound=sampler_delta)
-        if noisy_gd.secure_release_note() not in ledger.notes:
-            ledger.notes.append(noisy_gd.secure_release_note())
-    else:
+    if config.noise != "float":   # None: secure by default, float where it cannot be used
+        try:
+            secure = _secure_plan(config, sigma, sigma_stat, T, levels, dim, ledger, params)
+        except noisy_gd.SecureNoiseUnavailable as why:   # (before any release)
+            noisy_gd.float_instead(config.noise, why, ledger)
+    if not secure:
         params["noise"] = noisy_gd.noise_description("float", sigma)
     ledger.record("dp_ambssgd_blocks_parallel_composition", events.GaussianDpEvent(sigma), **params)
     # The search compares noisy counts with the nominal s (the realized size of a block's
@@ -359,6 +343,33 @@ def train(config: NoisyGDConfig, a_config: AmbssgdConfig, loss: GlmLoss, dim: in
                         "expected_feature_norm": step.feature_norm})
 
 
+def _secure_plan(config, sigma, sigma_stat, T, levels, dim, ledger, params) -> dict:
+    """The secure steps' grids (module docstring), with the run's sampler slack checked and
+    written into ``params``; SecureNoiseUnavailable where they cannot hold the noise or the
+    slack passes 1e-3 delta."""
+    secure = dict(noise="secure", count_bits=count_bits(sigma_stat),
+                  scale_bits=noisy_gd.secure_scale_bits(sigma))
+    # Every block draws at most L + 1 counts' noise and one gradient sum's (the scales of
+    # AmbssgdStep.count_scale and .gradient_scale).
+    count_scale = math.ldexp(sigma_stat, secure["count_bits"])
+    gradient_scale = sigma * 2.0 ** (clipping.GRID_FEATURE_BITS - 1 + secure["scale_bits"])
+    variation = noisy_gd.draws_total_variation(
+        [(T * (levels + 1), count_scale), (T * (dim + 1), gradient_scale)])
+    event = events.GaussianDpEvent(sigma)
+    epsilon = config.epsilon if config.epsilon is not None else accounting.epsilon_of(
+        ledger.event_after("dp_ambssgd_blocks_parallel_composition", event, 1, **params),
+        config.delta, config.accountant)
+    sampler_delta = noisy_gd.secure_delta_bound(variation, epsilon)
+    if sampler_delta > 1e-3 * config.delta:
+        raise noisy_gd.SecureNoiseUnavailable(f"secure noise's samplers could add "
+                                              f"{sampler_delta:.2g} to delta at epsilon {epsilon:.3g}")
+    params.update(noise=secure_description(secure["count_bits"], secure["scale_bits"]),
+                  sampler_total_variation=variation, sampler_delta_bound=sampler_delta)
+    if noisy_gd.secure_release_note() not in ledger.notes:
+        ledger.notes.append(noisy_gd.secure_release_note())
+    return secure
+
+
 def count_bits(sigma_stat: float) -> int:
     """k of the counts' grid 2^-k: the smallest with sigma_stat 2^k >= 2^32 (module docstring);
     ValueError where the scale would pass 2^48."""
@@ -366,8 +377,8 @@ def count_bits(sigma_stat: float) -> int:
     while math.ldexp(sigma_stat, bits) < 2.0 ** 32:
         bits += 1
     if math.ldexp(sigma_stat, bits) > 2.0 ** 48:
-        raise ValueError(f"noise multiplier {sigma_stat:.3g} per count is outside what the secure "
-                         "noise handles; use --noise float")
+        raise noisy_gd.SecureNoiseUnavailable(f"noise multiplier {sigma_stat:.3g} per count is "
+                                              "outside what the secure noise handles")
     return bits
 
 

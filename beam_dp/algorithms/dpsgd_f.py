@@ -94,10 +94,11 @@ def train(config: noisy_gd.NoisyGDConfig, f_config: DpsgdFConfig, loss: GlmLoss,
     if config.epsilon is not None and eps_f >= config.epsilon:
         raise ValueError(f"--preprocess-epsilon {eps_f} leaves nothing of epsilon {config.epsilon} for training")
     bound = f_config.feature_norm
-    # Secure noise (--noise secure): the preprocessing's releases too (stats module docstring):
-    # the means exact sums on a grid with discrete Gaussian noise, the quantiles an exact
-    # exponential mechanism, and noisy_gd.train's steps and count as for dpsgd.
-    noise = "secure" if config.noise == "secure" else "float"
+    # Secure noise (the default; --noise float turns it off): the preprocessing's releases too
+    # (stats module docstring): the means exact sums on a grid with discrete Gaussian noise, the
+    # quantiles an exact exponential mechanism, and noisy_gd.train's steps and count as for
+    # dpsgd (which fall back to float noise, saying so, where secure noise cannot be used).
+    noise = "float" if config.noise == "float" else "secure"
 
     if f_config.variant == "practical":
         bound = 1.0 if bound is None else bound   # the paper's C_F = 1

@@ -243,6 +243,31 @@ class TrainResult:
 _SECURE_NOISE_BITS = (32, 48)
 
 
+class SecureNoiseUnavailable(ValueError):
+    """Secure noise cannot keep its guarantee's slack (``sampler_delta_bound``) within 1e-3 delta,
+    or its grid cannot hold the noise, at these (public) settings."""
+
+    def __str__(self):
+        return super().__str__() + "; use --noise float"
+
+
+# Said in the report when the default noise had to be the float one (``float_instead``).
+FLOAT_FALLBACK_NOTE = ("secure noise is the default, but it could not be used at these settings "
+                       "({why}): these releases add numpy's float noise instead (--noise float "
+                       "says so up front; --noise secure refuses such a run)")
+
+
+def float_instead(requested: str | None, why: SecureNoiseUnavailable, ledger) -> str:
+    """"float" where secure noise was the default (``requested`` None) and cannot be used,
+    with a note in the report; with an explicit --noise secure, the refusal stands."""
+    if requested == "secure":
+        raise why
+    note = FLOAT_FALLBACK_NOTE.format(why=ValueError.__str__(why))
+    if note not in ledger.notes:
+        ledger.notes.append(note)
+    return "float"
+
+
 def secure_scale_bits(noise_multiplier: float) -> int:
     """The exact grid's ``scale_bits`` for a noise multiplier; ValueError where none keeps the
     noise in grid units within _SECURE_NOISE_BITS."""
@@ -250,8 +275,8 @@ def secure_scale_bits(noise_multiplier: float) -> int:
     room = high - (clipping.GRID_FEATURE_BITS - 1) - math.ceil(math.log2(max(noise_multiplier, 1e-300)))
     bits = min(clipping.GRID_SCALE_BITS, room)
     if bits < 1 or noise_multiplier * 2.0 ** (clipping.GRID_FEATURE_BITS - 1 + bits) < 2.0 ** low:
-        raise ValueError(f"noise multiplier {noise_multiplier:.3g} is outside what the secure noise "
-                         "handles (about 2^-7 to 2^28); use --noise float")
+        raise SecureNoiseUnavailable(f"noise multiplier {noise_multiplier:.3g} is outside what "
+                                     "the secure noise handles (about 2^-7 to 2^28)")
     return bits
 
 
@@ -398,7 +423,7 @@ def release_dataset_size(config: NoisyGDConfig, aggregator: Aggregator, seed: in
     count_epsilon = config.count_epsilon or (COUNT_SHARE * config.epsilon if config.epsilon else 0.01)
     scale = 1.0 / count_epsilon
     # Recorded (admitted by a budget ledger across runs, if any) before the count is made.
-    if config.noise == "secure":
+    if config.noise != "float":   # None: secure by default
         # The count is an integer and its sensitivity 1: a discrete Laplace of scale 1/eps is
         # eps-DP exactly, accounted as such (a PureDpEvent: dp_accounting's RDP accountant has
         # no discrete Laplace event, and its continuous Laplace curve would understate it).
@@ -463,20 +488,24 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
              "params": r.params} for r in ledger.releases])
     q, sigma, total_steps = plan["sampling_probability"], plan["noise_multiplier"], plan["steps"]
     clip_norm = clip_norm_from(plan["preprocessing"]) if clip_norm_from else config.clip_norm
-    noise = config.noise or "float"
+    noise = "float" if config.noise == "float" else "secure"   # None: secure by default
     sampler_delta = None
     if noise == "secure":
-        # The ledger holds the releases before training (a resumed run's too): with all the
-        # steps, the run's epsilon.
-        epsilon = config.epsilon if config.epsilon is not None else accounting.epsilon_of(
-            ledger.event_after(_step_release_name(q), _step_event(sigma, q), total_steps),
-            config.delta, config.accountant)
-        # The releases before the steps (DPSGD-F's secure preprocessing) count in it too.
-        sampler_delta = sampler_delta_bound(sigma, int(np.prod(state.theta.shape)), total_steps,
-                                            epsilon, prior_total_variation(ledger))
-        if sampler_delta > 1e-3 * config.delta:
-            raise ValueError(f"secure noise's samplers could add {sampler_delta:.2g} to delta at "
-                             f"epsilon {epsilon:.3g} over these steps; use --noise float")
+        try:
+            # The ledger holds the releases before training (a resumed run's too): with all
+            # the steps, the run's epsilon.
+            epsilon = config.epsilon if config.epsilon is not None else accounting.epsilon_of(
+                ledger.event_after(_step_release_name(q), _step_event(sigma, q), total_steps),
+                config.delta, config.accountant)
+            # The releases before the steps (DPSGD-F's secure preprocessing) count in it too.
+            sampler_delta = sampler_delta_bound(sigma, int(np.prod(state.theta.shape)),
+                                                total_steps, epsilon, prior_total_variation(ledger))
+            if sampler_delta > 1e-3 * config.delta:
+                raise SecureNoiseUnavailable(
+                    f"secure noise's samplers could add {sampler_delta:.2g} to delta at epsilon "
+                    f"{epsilon:.3g} over these steps")
+        except SecureNoiseUnavailable as why:
+            noise, sampler_delta = float_instead(config.noise, why, ledger), None
     step_event = _step_event(sigma, q)
     step_params = dict(noise_multiplier=sigma, sampling_probability=q, clip_norm=clip_norm,
                        sensitivity=clip_norm, noise=noise_description(noise, sigma))

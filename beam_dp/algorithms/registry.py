@@ -138,8 +138,10 @@ class Privacy:
     accountant: str = "pld"
     num_examples: int | None = None       # public dataset size; otherwise a private count
     count_epsilon: float | None = None    # budget of that count
-    # "secure": integer noise on exact integer sums; "float": numpy's float noise on float sums;
-    # None: secure where the algorithm has it (Algorithm.secure_noise), float otherwise.
+    # "secure": integer noise on exact integer sums (refused where it cannot be used); "float":
+    # numpy's float noise on float sums; None (the default): secure where the algorithm has it
+    # (Algorithm.secure_noise), float otherwise, and float where secure noise's slack would pass
+    # 1e-3 delta (``noisy_gd.float_instead``, said in the report).
     noise: str | None = None
 
     def validate(self) -> None:
@@ -214,13 +216,14 @@ class Algorithm:
 def algorithms() -> dict[str, Algorithm]:
     """Every registered algorithm by name, in the order `beam-dp algorithms` lists them.
     (Imported here, not at the top, because the algorithm modules import this one.)"""
-    from beam_dp.algorithms import dp_ambssgd, dpsgd_f, noisy_gd, ssp
+    from beam_dp.algorithms import dp_ambssgd, dpsgd_f, mirror_descent, noisy_gd, ssp
     registered = (
         noisy_gd.DPGD,
         noisy_gd.DPSGD,
         ssp.SSP,
         dp_ambssgd.DP_AMBSSGD,
         dpsgd_f.DPSGD_F,
+        mirror_descent.MIRROR_DESCENT,
     )
     return {a.name: a for a in registered}
 

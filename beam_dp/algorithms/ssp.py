@@ -158,8 +158,9 @@ def secure_grid(noise_multiplier: float, feature_norm: float, label_bound: float
             if min(scales) >= low:
                 return grid
             break
-    raise ValueError(f"noise multiplier {noise_multiplier:.3g} with --feature-norm {feature_norm:.3g} "
-                     "is outside what ssp's secure noise handles; use --noise float")
+    raise noisy_gd.SecureNoiseUnavailable(
+        f"noise multiplier {noise_multiplier:.3g} with --feature-norm {feature_norm:.3g} is outside "
+        "what ssp's secure noise handles")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -313,9 +314,12 @@ def train(config: NoisyGDConfig, s_config: SspConfig, loss: GlmLoss, dim: int, a
                 [prior, events.SelfComposedDpEvent(events.GaussianDpEvent(s), releases)]),
             config.epsilon, config.delta, config.accountant)
     size = dim + 1
-    if config.noise == "secure":
-        return _train_secure(config, s_config, dim, aggregator, seed, ledger, dataset_size,
-                             sigma, releases, c_x, c_y)
+    if config.noise != "float":   # None: secure by default, float where it cannot be used
+        try:
+            return _train_secure(config, s_config, dim, aggregator, seed, ledger, dataset_size,
+                                 sigma, releases, c_x, c_y)
+        except noisy_gd.SecureNoiseUnavailable as why:   # (raised before any release)
+            noisy_gd.float_instead(config.noise, why, ledger)
     ledger.record("gaussian_sufficient_statistics", events.GaussianDpEvent(sigma), releases,
                   noise_multiplier=sigma, feature_norm=c_x, label_bound=c_y,
                   sensitivities={"lambda_min": k, "xtx": k, "xty": math.sqrt(k) * c_y},
@@ -374,8 +378,8 @@ def _train_secure(config, s_config, dim, aggregator, seed, ledger, dataset_size,
         config.accountant)
     sampler_delta = noisy_gd.secure_delta_bound(variation, epsilon)
     if sampler_delta > 1e-3 * config.delta:
-        raise ValueError(f"secure noise's samplers could add {sampler_delta:.2g} to delta at "
-                         f"epsilon {epsilon:.3g}; use --noise float")
+        raise noisy_gd.SecureNoiseUnavailable(f"secure noise's samplers could add "
+                                              f"{sampler_delta:.2g} to delta at epsilon {epsilon:.3g}")
     sensitivities = grid.sensitivities()
     ledger.record("gaussian_sufficient_statistics", event, releases,
                   noise_multiplier=sigma, feature_norm=c_x, label_bound=c_y,
