@@ -823,7 +823,8 @@ def _stats(args, beam_args: list[str]) -> int:
         raise ValueError("--epsilon must be positive, --delta in (0, 1) and --value-bound in "
                          "(0, 1e150]")
     features, aggregator = _input(args, beam_args, losses.SquaredLoss())
-    seed = args.seed if args.seed is not None else mechanisms.secure_seed()
+    # The stages go into the Beam job: they hold a key derived from the root seed, not the seed.
+    seed = stats.stages_seed(args.seed if args.seed is not None else mechanisms.secure_seed())
     from beam_dp.algorithms import noisy_gd
 
     def make_stages(noise: str) -> list:

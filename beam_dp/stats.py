@@ -243,6 +243,13 @@ class DistancesTo:
 
 # ----------------------------------------------------------------------------------- stages
 
+def stages_seed(seed: int) -> int:
+    """What the statistics stages of a run draw from: a 128-bit key derived from the root seed
+    (a PRF, ``mechanisms.stream_key``), so that a Beam job's graph, which holds the stages,
+    holds nothing from which the training's noise, sampling or count could be derived."""
+    return mechanisms.stream_key(seed, mechanisms.STREAM_STATS) >> 128
+
+
 def _rng(stage, *more) -> np.random.Generator:
     if getattr(stage, "noise", "float") == "secure":
         return mechanisms.secure_generator(stage.seed, mechanisms.STREAM_STATS, *stage.stream, *more)

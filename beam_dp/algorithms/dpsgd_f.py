@@ -99,6 +99,8 @@ def train(config: noisy_gd.NoisyGDConfig, f_config: DpsgdFConfig, loss: GlmLoss,
     # quantiles an exact exponential mechanism, and noisy_gd.train's steps and count as for
     # dpsgd (which fall back to float noise, saying so, where secure noise cannot be used).
     noise = "float" if config.noise == "float" else "secure"
+    # The preprocessing's stages go into Beam jobs: they hold a key derived from the seed.
+    stats_seed = stats.stages_seed(seed)
 
     if f_config.variant == "practical":
         bound = 1.0 if bound is None else bound   # the paper's C_F = 1
@@ -107,7 +109,7 @@ def train(config: noisy_gd.NoisyGDConfig, f_config: DpsgdFConfig, loss: GlmLoss,
 
         def preprocess(n: int) -> dict:
             sigma_f = stats.gaussian_noise_multiplier(eps_f, config.delta)
-            stage = stats.ClippedMeanStage("mean", values, dim, 0.0, bound, sigma_f, seed, (_STREAM,),
+            stage = stats.ClippedMeanStage("mean", values, dim, 0.0, bound, sigma_f, stats_seed, (_STREAM,),
                                            noise=noise)
             state = _release(aggregator, [stage], {"n": n}, ledger)
             return {"mean": state["mean"].tolist(), "mean_epsilon": eps_f,
@@ -152,7 +154,7 @@ def train(config: noisy_gd.NoisyGDConfig, f_config: DpsgdFConfig, loss: GlmLoss,
             k_r = stats.quantile_rank_error_bound(size, eps_r, 1.0 / n)
             r_grid = stats.log_grid(NORM_GRID_LOW, NORM_GRID_HIGH, size)
             r_stage = stats.QuantileStage("feature_bound", stats.Norms(), stats.FixedGrid(r_grid), 1,
-                                          size, (1.0,), eps_r, seed, (_STREAM, 6), outliers=k_r,
+                                          size, (1.0,), eps_r, stats_seed, (_STREAM, 6), outliers=k_r,
                                           noise=noise)
             state = _release(aggregator, [r_stage], state, ledger)
             r = max(float(state["feature_bound"][0, 0]), float(r_grid[0, 1]))
@@ -177,14 +179,14 @@ def train(config: noisy_gd.NoisyGDConfig, f_config: DpsgdFConfig, loss: GlmLoss,
         # Failure probability 1/n^2, as in the paper's Lemma 3: at 0.01 about 1% of runs pick a
         # radius on the scale of R and the mean error triples (measured over 300 seeds).
         mean_stages = stats.adaptive_mean_stages("mean", dim, r, eps_f / 2, config.delta / 2,
-                                                 seed, _STREAM, values, size,
+                                                 stats_seed, _STREAM, values, size,
                                                  failure_probability=1.0 / n ** 2, noise=noise)
         eps_tau = eps_f / 2 if bound is not None else eps_f / 4
         k_tau = stats.quantile_rank_error_bound(size, eps_tau, 1.0 / n)
         tau_grid = stats.log_grid(r / n ** 2, 2 * r, size)
         tau_stage = stats.QuantileStage(
             "tau", stats.DistancesTo("mean", values), stats.FixedGrid(tau_grid), 1, size, (1.0,),
-            eps_tau, seed, (_STREAM, 5), outliers=k_tau, noise=noise)
+            eps_tau, stats_seed, (_STREAM, 5), outliers=k_tau, noise=noise)
         state = _release(aggregator, mean_stages + [tau_stage], state, ledger)
         tau = max(float(state["tau"][0, 0]), float(tau_grid[0, 1]))   # never 0 (grid[0] = 0)
         pre.update({
