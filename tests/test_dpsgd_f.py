@@ -291,3 +291,28 @@ def test_dpsgd_f_theory_variant_solves_the_counterexample():
         assert result.clip_norm == pytest.approx(math.sqrt(2) * pre["tau"])
         assert ledger.epsilon(DELTA) <= EPSILON
     assert np.mean(gaps) <= 0.05, gaps
+
+
+@pytest.mark.parametrize("variant", dpsgd_f.VARIANTS)
+def test_preprocessing_stages_hold_a_derived_key_not_the_root_seed(variant):
+    """The stages go into Beam jobs (whose graphs a runner's operator can see): they hold the
+    statistics' key derived from the seed, from which the training's noise cannot be derived."""
+    from beam_dp import stats
+
+    class Recording(LocalAggregator):
+        def run_stages(self, stages, state):
+            self.stages = getattr(self, "stages", []) + list(stages)
+            return super().run_stages(stages, state)
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(600, 3))
+    y = (x[:, 0] > 0).astype(float)
+    root = 1234567
+    aggregator = Recording(_blocks(x, y))
+    config = noisy_gd.NoisyGDConfig(noise_multiplier=1.0, steps=2, batch_size=100, num_examples=600)
+    f_config = dpsgd_f.DpsgdFConfig(variant=variant, preprocess_epsilon=1.0)
+    loss = losses.make_loss("hinge" if variant == "theory" else "logistic")
+    dpsgd_f.train(config, f_config, loss, 3, aggregator, root, accounting.Ledger())
+    preprocessing = [s for s in aggregator.stages if hasattr(s, "stream")]
+    assert preprocessing
+    assert {s.seed for s in preprocessing} == {stats.stages_seed(root)} != {root}
