@@ -344,7 +344,7 @@ def run(X=None, y=None, *, input=None, canaries: int = DEFAULT_CANARIES,
         count_epsilon: float | None = None, noise: str | None = None,
         num_classes: int | None = None, huber_delta: float = 1.0, fit_intercept: bool = True,
         label_column: str = "label", feature_columns=None, seed: int | None = None,
-        progress=None, **options) -> dict:
+        progress=None, budget_gate=None, **options) -> dict:
     """A one-run audit of a training configuration (the arguments of ``beam_dp.train``): trains
     it once, in-process, with ``canaries`` white-box canaries, and returns the audit report:
     the claimed (epsilon, delta), the empirical lower bound at ``confidence`` and how it was
@@ -384,7 +384,7 @@ def run(X=None, y=None, *, input=None, canaries: int = DEFAULT_CANARIES,
         feature_columns=feature_columns, runner=api.LOCAL, pipeline_args=(),
         batch_rows=_AUDIT_BLOCK_ROWS, seed=None if seed is None else mechanisms.stream_key(
             root, _STREAM_AUDIT + 1) >> 128, progress=progress, options=options,
-        instrument=instrument)
+        instrument=instrument, budget_gate=budget_gate)
     if scores.observed:
         values = scores.total
     else:   # no stage releases its noisy sum before the model (ssp): score the model itself

@@ -152,6 +152,27 @@ def _add_run_arguments(parser, audit: bool) -> None:
                               "secure randomness")
 
 
+def _add_ledger_arguments(parser) -> None:
+    """The budget ledger across runs (``train`` and ``audit``: an audit is a release too)."""
+    prod = parser.add_argument_group(
+        "budget across runs", "A ledger keeps every run's charge against the dataset's lifetime "
+        "budget (beam-dp ledger budget|show|explain); a rerun of the same release (same "
+        "settings, same input files, same beam-dp) returns the released output without "
+        "charging or training again. Exit codes: 3 refused (budget), 4 the same release is "
+        "running elsewhere, 75 --max-jobs reached.")
+    prod.add_argument("--ledger", default=None, metavar="URL",
+                      help="the budget ledger: a SQLite file (a path; or sqlite:///relative, sqlite:////absolute) or "
+                           "postgresql://... (password from PGPASSWORD or ~/.pgpass)")
+    prod.add_argument("--dataset-id", default=None,
+                      help="the dataset's id in the ledger (required with --ledger)")
+    prod.add_argument("--partition", action="append", default=None, metavar="P",
+                      help="a data partition the run reads (e.g. a date), each with its own "
+                           "lifetime budget; repeatable")
+    prod.add_argument("--orchestrator-id", action="append", default=None, metavar="KEY=VALUE",
+                      help="who ran it (e.g. airflow_run_id=...), recorded with the charge; "
+                           "repeatable; not part of the release id")
+
+
 def _add_algorithm_arguments(parser, argv, algorithms) -> None:
     """--algorithm and the chosen algorithm's own flags (from its declared options)."""
     from beam_dp.algorithms import registry
@@ -220,23 +241,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                      help="start from a released model (a training output directory or its "
                           "model.json): dpgd and dpsgd; free (post-processing of a release)")
 
-    prod = train.add_argument_group(
-        "budget across runs", "A ledger keeps every run's charge against the dataset's lifetime "
-        "budget (beam-dp ledger budget|show|explain); a rerun of the same release (same "
-        "settings, same input files, same beam-dp) returns the released output without "
-        "charging or training again. Exit codes: 3 refused (budget), 4 the same release is "
-        "running elsewhere, 75 --max-jobs reached.")
-    prod.add_argument("--ledger", default=None, metavar="URL",
-                      help="the budget ledger: a SQLite file (a path; or sqlite:///relative, sqlite:////absolute) or "
-                           "postgresql://... (password from PGPASSWORD or ~/.pgpass)")
-    prod.add_argument("--dataset-id", default=None,
-                      help="the dataset's id in the ledger (required with --ledger)")
-    prod.add_argument("--partition", action="append", default=None, metavar="P",
-                      help="a data partition the run reads (e.g. a date), each with its own "
-                           "lifetime budget; repeatable")
-    prod.add_argument("--orchestrator-id", action="append", default=None, metavar="KEY=VALUE",
-                      help="who ran it (e.g. airflow_run_id=...), recorded with the charge; "
-                           "repeatable; not part of the release id")
+    _add_ledger_arguments(train)
 
     _add_algorithm_arguments(train, argv, algorithms)
 
@@ -252,6 +257,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                     "data: its report is a release at the claimed epsilon.",
         epilog=f"algorithms (--algorithm):\n{listing}")
     _add_run_arguments(audit, audit=True)
+    _add_ledger_arguments(audit)
     canary = audit.add_argument_group("audit")
     canary.add_argument("--canaries", type=_positive_int, default=1000,
                         help="m: canaries (each adds a zero feature column to the copy); more "
@@ -573,9 +579,12 @@ def _release(args, chosen, input_files, validation_files):
         "command", "input", "validation", "output", "overwrite", "runner", "steps_per_job",
         "checkpoint_dir", "max_jobs", "ledger", "orchestrator_id", "warm_start")}
     configuration["neighbouring"] = chosen.relation   # (the algorithm's options are in args)
-    extra = [args.warm_start] if args.warm_start else []
-    if args.warm_start and os.path.isdir(args.warm_start):
-        extra = [os.path.join(args.warm_start, "model.json")]
+    if args.command == "audit":   # (not written for train: its release ids stay as they were)
+        configuration["command"] = "audit"
+    warm_start = getattr(args, "warm_start", None)
+    extra = [warm_start] if warm_start else []
+    if warm_start and os.path.isdir(warm_start):
+        extra = [os.path.join(warm_start, "model.json")]
     snapshot = {"input": runs.input_snapshot(input_files),
                 "validation": runs.input_snapshot(validation_files),
                 "warm_start": runs.input_snapshot(extra)}
@@ -603,11 +612,7 @@ def _train(args, beam_args: list[str]) -> int:
     validation_files = data.list_files(args.validation) if args.validation else []
     input_files = [f for pattern in args.input for f in data.list_files(pattern)]
     report.check_not_inside(args.output, input_files + validation_files)
-    if (args.ledger is None) != (args.dataset_id is None):
-        raise ValueError("--ledger and --dataset-id go together: the ledger charges the run to "
-                         "the dataset's budget")
-    if args.partition and args.ledger is None:
-        raise ValueError("--partition needs --ledger (partitions are budgets in the ledger)")
+    _check_ledger_flags(args)
     if args.max_jobs is not None and args.checkpoint_dir is None:
         raise ValueError("--max-jobs needs --checkpoint-dir: the next invocation goes on from it")
     orchestrator = _orchestrator(args.orchestrator_id)
@@ -616,6 +621,28 @@ def _train(args, beam_args: list[str]) -> int:
         args.checkpoint_dir = os.path.join(args.checkpoint_dir, release)
     if args.ledger is None:
         return _train_and_write(api, args, beam_args, options, validation_files, release)
+    from beam_dp.algorithms.base import checkpoint_exists
+
+    return _charged(args, chosen, release, orchestrator,
+                    lambda ledger, gate: _train_and_write(api, args, beam_args, options,
+                                                          validation_files, release, ledger, gate),
+                    lambda output: _write_released(args, release, output, validation_files),
+                    bool(args.checkpoint_dir) and checkpoint_exists(args.checkpoint_dir))
+
+
+def _check_ledger_flags(args) -> None:
+    if (args.ledger is None) != (args.dataset_id is None):
+        raise ValueError("--ledger and --dataset-id go together: the ledger charges the run to "
+                         "the dataset's budget")
+    if args.partition and args.ledger is None:
+        raise ValueError("--partition needs --ledger (partitions are budgets in the ledger)")
+
+
+def _charged(args, chosen, release: str, orchestrator: dict, run, write_released,
+             from_checkpoint: bool = False) -> int:
+    """``run(ledger, gate) -> exit code`` charged to the budget ledger (--ledger) as release
+    ``release``: a committed release is written again by ``write_released(output)`` without
+    running; a run the budget refuses exits with EXIT_REFUSED."""
     from beam_dp.ledger import core, runs
 
     with core.open_ledger(args.ledger, create=False) as ledger:
@@ -623,13 +650,11 @@ def _train(args, beam_args: list[str]) -> int:
             with ledger.lock(release):
                 charge = ledger.charge(release)
                 if charge is not None and charge.status == core.COMMITTED:
-                    return _write_released(args, release, charge.output, validation_files)
-                from beam_dp.algorithms.base import checkpoint_exists
+                    return write_released(charge.output)
                 earlier = charge if charge is not None and charge.status == core.RESERVED else None
                 gate = runs.RunCharge(
                     ledger, release, args.dataset_id, args.partition, chosen.relation,
-                    orchestrator, earlier,
-                    from_checkpoint=bool(args.checkpoint_dir) and checkpoint_exists(args.checkpoint_dir))
+                    orchestrator, earlier, from_checkpoint=from_checkpoint)
                 if earlier is not None and gate.base is not None:
                     print(f"beam-dp: release {release} has a reserved charge from an attempt "
                           f"whose checkpoint is not here: starting over, and charging this "
@@ -637,8 +662,7 @@ def _train(args, beam_args: list[str]) -> int:
                 try:
                     if not gate.reserved:
                         gate.precheck(args.epsilon)
-                    code = _train_and_write(api, args, beam_args, options, validation_files,
-                                            release, ledger, gate)
+                    code = run(ledger, gate)
                 except core.BudgetExceeded as e:
                     kept = ""
                     if gate.reserved:   # what the run released before the refusal stays charged
@@ -659,6 +683,9 @@ def _train(args, beam_args: list[str]) -> int:
 
 
 def _audit(args) -> int:
+    """``beam-dp audit``: a release like a training run (its report is a function of a DP run
+    on the data), so it is charged to the budget ledger when one is given, under its own
+    release id (an audit and a training run of the same settings are two releases)."""
     from beam_dp import audit, data, report
     from beam_dp.algorithms import registry
 
@@ -667,22 +694,49 @@ def _audit(args) -> int:
     report.check_output_directory(args.output, args.overwrite)
     input_files = sorted({f for pattern in args.input for f in data.list_files(pattern)})
     report.check_not_inside(args.output, input_files)
-    found = audit.run(
-        input=input_files, canaries=args.canaries, confidence=args.confidence,
-        algorithm=args.algorithm, model=args.model, epsilon=args.epsilon, delta=args.delta,
-        noise_multiplier=args.noise_multiplier, accountant=args.accountant,
-        num_examples=args.num_examples, count_epsilon=args.count_epsilon, noise=args.noise,
-        num_classes=args.num_classes, huber_delta=args.huber_delta,
-        fit_intercept=args.fit_intercept, label_column=args.label_column,
-        feature_columns=args.feature_columns, seed=args.seed, **options)
-    _stop_if_interrupted()
-    _write_outputs(args, {"audit_report.json": report.json_text(found)})
-    print(f"audited {args.algorithm} ({args.model}): claimed epsilon="
-          f"{found['claimed_epsilon_of_canary_releases']:.4g} for the releases the canaries "
-          f"enter ({found['claimed_epsilon']:.4g} for the run) at delta={args.delta:g}; "
-          f"empirical lower bound {found['epsilon_lower_bound']:.4g} at "
-          f"{found['confidence']:.0%} confidence ({found['correct']} of {found['guesses']} guesses "
-          f"right, {found['canaries']} canaries): {found['verdict']}; wrote {args.output}")
+    _check_ledger_flags(args)
+
+    def run(ledger=None, gate=None) -> int:
+        found = audit.run(
+            input=input_files, canaries=args.canaries, confidence=args.confidence,
+            algorithm=args.algorithm, model=args.model, epsilon=args.epsilon, delta=args.delta,
+            noise_multiplier=args.noise_multiplier, accountant=args.accountant,
+            num_examples=args.num_examples, count_epsilon=args.count_epsilon, noise=args.noise,
+            num_classes=args.num_classes, huber_delta=args.huber_delta,
+            fit_intercept=args.fit_intercept, label_column=args.label_column,
+            feature_columns=args.feature_columns, seed=args.seed, budget_gate=gate, **options)
+        _stop_if_interrupted()
+        files = {"audit_report.json": report.json_text(found)}
+        if ledger is not None:   # committed before the first output byte, as a training run
+            ledger.commit(release, {"files": files})
+        _write_outputs(args, files)
+        print(f"audited {args.algorithm} ({args.model}): claimed epsilon="
+              f"{found['claimed_epsilon_of_canary_releases']:.4g} for the releases the canaries "
+              f"enter ({found['claimed_epsilon']:.4g} for the run) at delta={args.delta:g}; "
+              f"empirical lower bound {found['epsilon_lower_bound']:.4g} at "
+              f"{found['confidence']:.0%} confidence ({found['correct']} of {found['guesses']} "
+              f"guesses right, {found['canaries']} canaries): {found['verdict']}; "
+              f"wrote {args.output}")
+        return _audit_code(found)
+
+    def write_released(output) -> int:
+        if output is None:
+            print(f"beam-dp: release {release} was refused for lack of budget; nothing to write",
+                  file=sys.stderr)
+            return EXIT_REFUSED
+        _write_outputs(args, dict(output["files"]))
+        print(f"release {release} was already committed: wrote its audit report to "
+              f"{args.output} again; nothing was charged or trained")
+        return _audit_code(json.loads(output["files"]["audit_report.json"]))
+
+    if args.ledger is None:
+        return run()
+    release = _release(args, chosen, input_files, [])
+    return _charged(args, chosen, release, _orchestrator(args.orchestrator_id), run,
+                    write_released)
+
+
+def _audit_code(found: dict) -> int:
     return (0 if found["epsilon_lower_bound"] <= found["claimed_epsilon_of_canary_releases"]
             else EXIT_AUDIT_VIOLATION)
 

@@ -292,3 +292,26 @@ def test_secure_noise_resumed_run_reports_the_uninterrupted_runs_sampler_bound(t
     assert bounds[0] == bounds[1] and bounds[0] > 0
     assert json.loads(_files(tmp_path / "out")["model.json"])["coefficients"] == \
         json.loads(_files(tmp_path / "whole")["model.json"])["coefficients"]
+
+
+def test_an_audit_is_charged_as_a_release_of_its_own(tmp_path, data, capsys):
+    """beam-dp audit trains on the data: its report is a release at the run's epsilon, charged
+    to the ledger under its own release id (not the training run's with the same flags), and a
+    rerun writes the committed report again without training."""
+    ledger = _ledger(tmp_path, epsilon=2.5)
+    audit = ["audit", "--input", data, "--epsilon", "1", "--ledger", ledger, "--dataset-id", "ds",
+             "--canaries", "200", "--algorithm", "dpsgd"]
+    assert cli.main([*audit, "--output", str(tmp_path / "a")]) == 0
+    assert [c.status for c in _charges(ledger)] == ["committed"]
+    assert cli.main([*audit, "--output", str(tmp_path / "b")]) == 0
+    assert "already committed" in capsys.readouterr().out
+    assert _files(tmp_path / "a") == _files(tmp_path / "b")
+    assert len(_charges(ledger)) == 1
+    # A training run of the same settings is another release, charged again.
+    assert _train(data, tmp_path / "t", ledger, "--algorithm", "dpsgd") == 0
+    assert [c.status for c in _charges(ledger)] == ["committed"] * 2
+    # The budget (2.5) cannot admit a third epsilon-1 release: a new audit is refused.
+    refused = ["audit", "--input", data, "--epsilon", "1", "--ledger", ledger, "--dataset-id",
+               "ds", "--canaries", "300", "--output", str(tmp_path / "c")]
+    assert cli.main(refused) == cli.EXIT_REFUSED
+    assert not os.path.exists(tmp_path / "c")
