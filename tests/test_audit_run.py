@@ -27,10 +27,23 @@ CONFIGURATIONS["dpsgd-f-secure"] = {"noise": "secure"}
 # 1000 canaries it passes the 1e-3 delta a run allows, so this audit uses 300 (whose bound cannot
 # pass about 4: the broken build is checked at epsilon 1 only).
 CONFIGURATIONS["ssp-secure"] = {"noise": "secure", "canaries": 300}
+# mirror-descent at p = 2: Gaussian noise, accounted exactly (its default p = 1.5 is audited as
+# "mirror-descent").
+CONFIGURATIONS["mirror-descent-euclidean"] = {"p": 2.0}
+# Configurations whose tenth of the noise the canaries cannot show (xfail, strict: should one
+# become visible, the entry goes). mirror-descent at p = 1.5: its generalized Gaussian noise is
+# accounted by Lemma 3's (eps0, delta0) per step, composed as black boxes, which is far looser
+# than what a canary on its own column can reveal (an l_3 GG vector's coordinate is ~D^(1/6)
+# times the scale, and the lemma pays sqrt(2 kappa ln(1/delta0)) ~ 8 on top): measured with
+# these data, seed 1 and 1000 canaries, the lower bound stays 0.0 at a tenth of the noise (eps 1
+# and 4 claimed), reaches 0.44 / 2.05 at 0.03 and 2.43 / 4.57 at 0.01. So the sound build is
+# audited, and the broken one is shown on the Euclidean configuration above.
+NOT_CAUGHT_AT_A_TENTH = {"mirror-descent": "generalized Gaussian accounting is looser than a tenth "
+                                           "of the noise (see NOT_CAUGHT_AT_A_TENTH)"}
 
 
 def _algorithm(configuration: str) -> str:
-    return configuration.rsplit("-", 1)[0] if configuration.endswith(("-theory", "-secure")) \
+    return configuration.rsplit("-", 1)[0] if configuration.endswith(("-theory", "-secure", "-euclidean")) \
         else configuration
 
 
@@ -71,9 +84,13 @@ def test_a_sound_build_stays_below_its_claim(synthetic, configuration, epsilon):
 
 @pytest.mark.parametrize("epsilon", [1.0, 4.0])
 @pytest.mark.parametrize("configuration", list(CONFIGURATIONS))
-def test_a_build_with_a_tenth_of_the_noise_is_caught(synthetic, configuration, epsilon, monkeypatch):
+def test_a_build_with_a_tenth_of_the_noise_is_caught(synthetic, configuration, epsilon, monkeypatch,
+                                                    request):
     if configuration == "ssp-secure" and epsilon == 4.0:
         pytest.skip("300 canaries cannot show an epsilon above about 4 (see CONFIGURATIONS)")
+    if configuration in NOT_CAUGHT_AT_A_TENTH:
+        request.node.add_marker(pytest.mark.xfail(strict=True,
+                                                  reason=NOT_CAUGHT_AT_A_TENTH[configuration]))
     monkeypatch.setattr(mechanisms, "NOISE_SCALE_FOR_TESTS", 0.1)
     found = _audit(synthetic, configuration, epsilon)
     assert found["epsilon_lower_bound"] > found["claimed_epsilon_of_canary_releases"], found

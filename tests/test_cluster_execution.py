@@ -125,7 +125,10 @@ EQUIVALENCE = {
                                      "--steps", 6, "--batch-size", 200]),
     "dpsgd-f-theory": ("binary", ["--algorithm", "dpsgd-f", "--variant", "theory",
                                   "--steps", 6, "--batch-size", 200]),
+    "mirror-descent": ("binary", ["--algorithm", "mirror-descent", "--steps", 6]),
 }
+# Full-batch algorithms: their Beam runs are jobs of stages only (no batch job).
+STAGE_JOBS = ("dpgd", "ssp", "mirror-descent")
 
 
 # The algorithms with secure noise (--noise secure; exact integer sums: bit-identical models):
@@ -188,7 +191,7 @@ def test_same_seed_same_model_on_local_and_beam(tmp_path, cli, request, beam_job
     assert r.code == 0, r
     # Parquet: n from the footers (no count job); batches fixed in advance: one batch job.
     kinds = [j["kind"] for j in beam_jobs]
-    if name in ("dpgd", "ssp"):
+    if name in STAGE_JOBS:
         assert kinds and set(kinds) == {"stages"}, kinds
     else:
         assert kinds.count("batches") == 1 and kinds[-1] == "batches" and "count" not in kinds, kinds
@@ -201,7 +204,10 @@ def test_same_seed_same_model_on_local_and_beam(tmp_path, cli, request, beam_job
     else:
         np.testing.assert_allclose(beam, local, rtol=1e-9, atol=1e-12 * np.abs(local).max())
     reports = [read_json(tmp_path / r / "privacy_report.json") for r in ("local", "beam")]
-    assert reports[0]["dataset_size"]["source"].startswith("private")
+    # n is a private count under add/remove, public under replace-one (the relation's own)
+    relation = registry.get(extra[extra.index("--algorithm") + 1]).relation
+    assert reports[0]["dataset_size"]["source"].startswith(
+        "private" if relation == registry.accounting.ADD_REMOVE else "public")
     assert reports[0]["epsilon"] <= 2.0
     for key in ["epsilon", "dataset_size", "noise_multiplier", "steps", "mechanisms"]:
         assert reports[0][key] == reports[1][key], key
@@ -249,7 +255,7 @@ def test_same_model_on_external_worker_processes(tmp_path, request, worker_pool,
     log = pool_log.read_text(errors="replace")
     assert beam_jobs and log.count("Starting worker with command") == workers * len(beam_jobs), (
         _kinds(beam_jobs), log)
-    assert beam_jobs[-1]["kind"] == ("stages" if name in ("dpgd", "ssp") else "batches")
+    assert beam_jobs[-1]["kind"] == ("stages" if name in STAGE_JOBS else "batches")
     local, portable = model_theta(tmp_path / "local"), model_theta(tmp_path / "portable")
     assert np.linalg.norm(local) > 0
     if name in SECURE:   # exact integer sums: the same bits in another process

@@ -455,6 +455,8 @@ SKEW_CASES = [
     ("dpsgd-f-theory", "dpsgd-f", "logistic", "binary", ["--variant", "theory"], ("clip_rows", None)),
     ("ssp", "ssp", "linear", "regression", [], "unchecked"),
     ("dp-ambssgd", "dp-ambssgd", "linear", "regression", [], None),
+    ("mirror-descent-feature-norm", "mirror-descent", "logistic", "binary", ["--feature-norm", "2"],
+     ("normalize_rows", 2.0)),
 ]
 
 
