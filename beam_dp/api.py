@@ -115,6 +115,7 @@ def _run(X, y, *, input, algorithm, model, epsilon, delta, noise_multiplier, acc
     if (steps_per_job is not None and steps_per_job < 1) or batch_rows < 1:
         raise ValueError("steps_per_job and batch_rows must be at least 1")
     loss = losses.make_loss(model, num_classes, huber_delta)
+    chosen.check_request(loss, privacy, algorithm_options)   # before any data is read
     if (X is None) == (input is None):
         raise ValueError("give either arrays X, y or input= files")
     if X is not None:

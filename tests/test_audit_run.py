@@ -15,7 +15,7 @@ from beam_dp.algorithms import registry
 
 from conftest import islr_default_columns, read_json
 
-REGRESSION = {"ssp", "dp-ambssgd"}
+REGRESSION = {"ssp", "dp-ambssgd", "heavy-tailed-md"}
 # Every registered algorithm, and each variant that releases differently.
 CONFIGURATIONS = {name: {} for name in registry.algorithms()}
 CONFIGURATIONS["dpsgd-f-theory"] = {"variant": "theory"}
@@ -30,6 +30,14 @@ CONFIGURATIONS["ssp-secure"] = {"noise": "secure", "canaries": 300}
 # mirror-descent at p = 2: Gaussian noise, accounted exactly (its default p = 1.5 is audited as
 # "mirror-descent").
 CONFIGURATIONS["mirror-descent-euclidean"] = {"p": 2.0}
+# heavy-tailed-md at p = 1.9, where its generalized Gaussian noise is nearly Gaussian (its canaries
+# are replace-one pairs, +-tau on their own column): the tenth of the noise is caught there (lower
+# bound 2.9 at epsilon 1, 0.03 for the sound build); its default p = 1.5 is audited as
+# "heavy-tailed-md" and listed in NOT_CAUGHT_AT_A_TENTH.
+CONFIGURATIONS["heavy-tailed-md-p1.9"] = {"p": 1.9}
+# Algorithms whose mechanism is proven for epsilon <= 1 only: at epsilon 4 the audit checks that
+# they refuse (before any data is read).
+EPSILON_AT_MOST_ONE = {"heavy-tailed-md"}
 # Configurations whose tenth of the noise the canaries cannot show (xfail, strict: should one
 # become visible, the entry goes). mirror-descent at p = 1.5: its generalized Gaussian noise is
 # accounted by Lemma 3's (eps0, delta0) per step, composed as black boxes, which is far looser
@@ -40,11 +48,26 @@ CONFIGURATIONS["mirror-descent-euclidean"] = {"p": 2.0}
 # audited, and the broken one is shown on the Euclidean configuration above.
 NOT_CAUGHT_AT_A_TENTH = {"mirror-descent": "generalized Gaussian accounting is looser than a tenth "
                                            "of the noise (see NOT_CAUGHT_AT_A_TENTH)"}
+# heavy-tailed-md at p = 1.5: one GG release per batch at Lemma 3's epsilon; a canary's column
+# coordinate of an l_3 GG vector in D = 1006 is ~2.8 times the scale, and the lemma's
+# sqrt(8 kappa ln(1/delta)) = 13.6 is far above what the mechanism needs: the lower bound reaches
+# 0.84 at a tenth of the noise with epsilon 1 claimed (these data, seed 1, 1000 canaries).
+NOT_CAUGHT_AT_A_TENTH["heavy-tailed-md"] = ("generalized Gaussian accounting is looser than a "
+                                            "tenth of the noise (see NOT_CAUGHT_AT_A_TENTH)")
 
 
 def _algorithm(configuration: str) -> str:
-    return configuration.rsplit("-", 1)[0] if configuration.endswith(("-theory", "-secure", "-euclidean")) \
-        else configuration
+    return configuration.rsplit("-", 1)[0] if configuration.endswith(
+        ("-theory", "-secure", "-euclidean", "-p1.9")) else configuration
+
+
+def _refused_above_one(synthetic, configuration: str, epsilon: float) -> bool:
+    """For EPSILON_AT_MOST_ONE above epsilon 1: checks the refusal, and says so."""
+    if _algorithm(configuration) not in EPSILON_AT_MOST_ONE or epsilon <= 1:
+        return False
+    with pytest.raises(ValueError, match="at most 1"):
+        _audit(synthetic, configuration, epsilon)
+    return True
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +95,8 @@ def test_every_registered_algorithm_is_audited():
 @pytest.mark.parametrize("epsilon", [1.0, 4.0])
 @pytest.mark.parametrize("configuration", list(CONFIGURATIONS))
 def test_a_sound_build_stays_below_its_claim(synthetic, configuration, epsilon):
+    if _refused_above_one(synthetic, configuration, epsilon):
+        return
     found = _audit(synthetic, configuration, epsilon)
     assert found["claimed_epsilon"] <= epsilon * (1 + 1e-6)   # (dpsgd-f theory: below it)
     # The canaries enter the training releases only: their claim, not the run's, is tested.
@@ -88,6 +113,8 @@ def test_a_build_with_a_tenth_of_the_noise_is_caught(synthetic, configuration, e
                                                     request):
     if configuration == "ssp-secure" and epsilon == 4.0:
         pytest.skip("300 canaries cannot show an epsilon above about 4 (see CONFIGURATIONS)")
+    if _refused_above_one(synthetic, configuration, epsilon):
+        return
     if configuration in NOT_CAUGHT_AT_A_TENTH:
         request.node.add_marker(pytest.mark.xfail(strict=True,
                                                   reason=NOT_CAUGHT_AT_A_TENTH[configuration]))

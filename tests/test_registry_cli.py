@@ -457,6 +457,7 @@ SKEW_CASES = [
     ("dp-ambssgd", "dp-ambssgd", "linear", "regression", [], None),
     ("mirror-descent-feature-norm", "mirror-descent", "logistic", "binary", ["--feature-norm", "2"],
      ("normalize_rows", 2.0)),
+    ("heavy-tailed-md", "heavy-tailed-md", "linear", "regression", [], None),
 ]
 
 

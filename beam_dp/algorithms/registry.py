@@ -212,11 +212,17 @@ class Algorithm:
             raise ValueError(f"{self.name} has no secure noise yet (its releases add numpy's float "
                              "noise); use --noise float")
 
+    def check_request(self, loss: GlmLoss, privacy: Privacy, options) -> None:
+        """Refuses a request this algorithm cannot serve that is known before any data is read
+        (called by ``beam_dp.train`` and the audit before the input is opened; ``check`` follows
+        once the problem is known). None here; an algorithm may override it (e.g. a mechanism
+        proven only for epsilon <= 1)."""
+
 
 def algorithms() -> dict[str, Algorithm]:
     """Every registered algorithm by name, in the order `beam-dp algorithms` lists them.
     (Imported here, not at the top, because the algorithm modules import this one.)"""
-    from beam_dp.algorithms import dp_ambssgd, dpsgd_f, mirror_descent, noisy_gd, ssp
+    from beam_dp.algorithms import dp_ambssgd, dpsgd_f, heavy_tailed_md, mirror_descent, noisy_gd, ssp
     registered = (
         noisy_gd.DPGD,
         noisy_gd.DPSGD,
@@ -224,6 +230,7 @@ def algorithms() -> dict[str, Algorithm]:
         dp_ambssgd.DP_AMBSSGD,
         dpsgd_f.DPSGD_F,
         mirror_descent.MIRROR_DESCENT,
+        heavy_tailed_md.HEAVY_TAILED_MD,
     )
     return {a.name: a for a in registered}
 
