@@ -76,6 +76,17 @@ class Block:
         return Block(self.features[rows], self.labels[rows], self.source, self.row_start,
                      self.sq_norms[rows], self.tag)
 
+    def parts(self, tags: np.ndarray):
+        """The rows grouped by ``tags`` (one int per row): a Block per tag present, in tag order,
+        its ``tag`` set, its rows in their order (a batch plan's parts of this block)."""
+        order = np.argsort(tags, kind="stable")
+        bounds = np.flatnonzero(np.diff(tags[order])) + 1
+        for rows in np.split(order, bounds):
+            if rows.size:
+                part = self.take(rows)
+                part.tag = int(tags[rows[0]])
+                yield part
+
 
 def file_format(path: str) -> str:
     lower = path.lower()

@@ -103,6 +103,23 @@ def stream_key(seed: int, *stream: int) -> int:
     return int.from_bytes(digest.digest(), "little")
 
 
+def step_keys(seed: int, first: int, count: int) -> tuple:
+    """(first, the noise keys of steps first .. first + count - 1): what a Beam job's copy of a
+    step function holds instead of the root seed (``step_noise_generator``)."""
+    return first, tuple(stream_key(seed, STREAM_NOISE, t) for t in range(first, first + count))
+
+
+def step_noise_generator(seed: int | None, noise_keys: tuple | None, step: int) -> np.random.Generator:
+    """The noise generator of training step ``step``: from the root seed on the driver, from the
+    job's ``step_keys`` in a job's copy of the step function."""
+    if seed is not None:
+        return secure_generator(seed, STREAM_NOISE, step)
+    first, keys = noise_keys
+    if not first <= step < first + len(keys):
+        raise ValueError(f"this copy of the step holds no noise key for step {step}")
+    return keyed_generator(keys[step - first])
+
+
 def keyed_generator(key: int) -> np.random.Generator:
     """A ChaCha20 generator from a stream key (``stream_key``)."""
     return np.random.Generator(randomgen.ChaCha(key=key, rounds=20))

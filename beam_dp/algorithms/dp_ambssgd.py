@@ -101,13 +101,7 @@ class Assignment:
         g = mechanisms.rng(self.seed, mechanisms.STREAM_SAMPLING, block.key)
         m = len(block)
         tags = 2 * g.integers(0, self.blocks, size=m) + (g.random(m) >= self.stat_fraction)
-        order = np.argsort(tags, kind="stable")
-        bounds = np.flatnonzero(np.diff(tags[order])) + 1
-        for rows in np.split(order, bounds):
-            if rows.size:
-                part = block.take(rows)
-                part.tag = int(tags[rows[0]])
-                yield part
+        yield from block.parts(tags)
 
 
 @dataclasses.dataclass(frozen=True)

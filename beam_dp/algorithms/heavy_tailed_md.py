@@ -235,14 +235,7 @@ class BatchAssignment:
         return g.integers(0, self.batches, size=len(block))
 
     def __call__(self, block: Block):
-        tags = self.tags(block)
-        order = np.argsort(tags, kind="stable")
-        bounds = np.flatnonzero(np.diff(tags[order])) + 1
-        for rows in np.split(order, bounds):
-            if rows.size:
-                part = block.take(rows)
-                part.tag = int(tags[rows[0]])
-                yield part
+        yield from block.parts(self.tags(block))
 
 
 # ------------------------------------------------------------------------------ the step

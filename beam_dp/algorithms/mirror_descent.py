@@ -269,17 +269,11 @@ class MirrorDescentStep:
     def for_steps(self, first: int, count: int) -> "MirrorDescentStep":
         if self.seed is None:
             return self
-        keys = tuple(mechanisms.stream_key(self.seed, mechanisms.STREAM_NOISE, t)
-                     for t in range(first, first + count))
-        return dataclasses.replace(self, seed=None, noise_keys=(first, keys))
+        return dataclasses.replace(self, seed=None,
+                                   noise_keys=mechanisms.step_keys(self.seed, first, count))
 
     def _noise_generator(self, step: int) -> np.random.Generator:
-        if self.seed is not None:
-            return mechanisms.secure_generator(self.seed, mechanisms.STREAM_NOISE, step)
-        first, keys = self.noise_keys
-        if not first <= step < first + len(keys):
-            raise ValueError(f"this copy of the step holds no noise key for step {step}")
-        return mechanisms.keyed_generator(keys[step - first])
+        return mechanisms.step_noise_generator(self.seed, self.noise_keys, step)
 
     # -- coordinates: the model as the vector w of l_p^D
 
