@@ -593,8 +593,10 @@ def _check_stats_report(report, x, epsilon, delta, value_bound=1e6):
 
 @pytest.mark.slow
 def test_stats_on_local_and_beam_runners_give_the_same_report(tmp_path, cli, stats_data):
+    # --noise float: the float releases, whose accounting this test recomputes (the secure
+    # ones, the default: tests/test_secure_releases.py)
     common = ["stats", "--input", stats_data["glob"], "--epsilon", 5.0, "--seed", 77,
-              "--batch-rows", 250]
+              "--batch-rows", 250, "--noise", "float"]
     assert cli(*common, "--output", tmp_path / "local", *LOCAL).code == 0
     assert cli(*common, "--output", tmp_path / "beam", *BEAM).code == 0
     local = read_json(tmp_path / "local" / "stats_report.json")
@@ -663,7 +665,7 @@ def test_dpsgd_f_on_local_and_beam_runners_gives_the_same_model(tmp_path, cli, s
     common = ["train", "--input", stats_data["glob"], "--algorithm", "dpsgd-f",
               "--variant", variant, "--feature-norm", 5.0, "--model", "hinge",
               "--epsilon", 1.0, "--seed", 31, "--steps", 4, "--steps-per-job", 2,
-              "--batch-size", 300, "--batch-rows", 250]
+              "--batch-size", 300, "--batch-rows", 250, "--noise", "float"]   # float accounting below
     assert cli(*common, "--output", tmp_path / "local", *LOCAL).code == 0
     assert cli(*common, "--output", tmp_path / "beam", *BEAM).code == 0
     local, beam = model_theta(tmp_path / "local"), model_theta(tmp_path / "beam")
