@@ -15,12 +15,12 @@ from beam_dp import losses as losses_mod
 TRUST_MODEL = (
     "Central differential privacy. The workers and the driver are trusted and see the raw data; "
     "the guarantee covers everything that leaves the job: the model, this report and the "
-    "checkpoints, each a post-processing of noised releases. It protects the presence or absence "
-    "of any one example (one row) of the training input; it does not protect a person who "
-    "contributes several rows beyond what group privacy gives, nor the validation data, nor "
-    "hyperparameters chosen by looking at the data, which are treated as public. A runner's job "
-    "graphs and staging location are inside the boundary too: a DP-GD job's graph holds the "
-    "noise keys of its steps.")
+    "checkpoints, each a post-processing of noised releases. It protects {unit}; it does not "
+    "protect a person who contributes several rows beyond what group privacy gives, nor the "
+    "validation data, nor hyperparameters chosen by looking at the data, which are treated as "
+    "public. A runner's job graphs and staging location are inside the boundary too: a DP-GD "
+    "job's graph holds the noise keys of its steps, an objective-perturbation job's the "
+    "objective's noise.")
 
 
 def model_artifact(loss: losses_mod.GlmLoss, theta: np.ndarray, feature_columns, label_column,
@@ -83,6 +83,13 @@ def feature_map(artifact: dict):
     from beam_dp import features
     return features.from_spec(artifact.get("feature_transform"))
 
+# What the guarantee protects, by the ledger's neighbouring relation.
+_PROTECTED = {
+    "add/remove": "the presence or absence of any one example (one row) of the training input",
+    "replace-one": ("any one example (one row) of the training input against its replacement by "
+                    "any other: the number of rows is treated as public"),
+}
+
 
 def release_report(ledger, delta: float, seed_fixed: bool, **fields) -> dict:
     """The privacy report of a job's releases: epsilon from the accountant over the whole ledger,
@@ -101,7 +108,7 @@ def release_report(ledger, delta: float, seed_fixed: bool, **fields) -> dict:
         "accounting_notes": list(ledger.notes),
         "seed": "fixed by --seed (reproducible run, not for production)" if seed_fixed
                 else "OS secure randomness",
-        "trust_model": TRUST_MODEL,
+        "trust_model": TRUST_MODEL.format(unit=_PROTECTED[ledger.neighbouring]),
     }
 
 

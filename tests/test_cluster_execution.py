@@ -128,11 +128,13 @@ EQUIVALENCE = {
     "mirror-descent": ("binary", ["--algorithm", "mirror-descent", "--steps", 6]),
     "heavy-tailed-md": ("regression", ["--algorithm", "heavy-tailed-md", "--model", "linear",
                                        "--batches", 4]),
+    "objective-perturbation": ("binary", ["--algorithm", "objective-perturbation", "--constraint",
+                                          "l1-ball", "--radius", 3]),
 }
 # --epsilon of these runs: 2, or 1 where the mechanism is proven for epsilon <= 1 only.
 EPSILON = {"heavy-tailed-md": 1.0}
 # Full-batch algorithms: their Beam runs are jobs of stages only (no batch job).
-STAGE_JOBS = ("dpgd", "ssp", "mirror-descent")
+STAGE_JOBS = ("dpgd", "ssp", "mirror-descent", "objective-perturbation")
 
 
 # The algorithms with secure noise (--noise secure; exact integer sums: bit-identical models):

@@ -458,6 +458,8 @@ SKEW_CASES = [
     ("mirror-descent-feature-norm", "mirror-descent", "logistic", "binary", ["--feature-norm", "2"],
      ("normalize_rows", 2.0)),
     ("heavy-tailed-md", "heavy-tailed-md", "linear", "regression", [], None),
+    ("objective-perturbation", "objective-perturbation", "logistic", "binary", [],
+     ("clip_rows", None)),
 ]
 
 

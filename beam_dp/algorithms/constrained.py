@@ -25,7 +25,7 @@ class ConstraintOptions:
                                         "--radius), box ([-radius, radius] per coefficient) or "
                                         "hull (of --vertices)", choices=geometry.KINDS)
     radius: float = option(1.0, "the size of the set: the ball's radius, the simplex's sum, the "
-                                "box's half-width", low=0, low_open=True)
+                                "box's half width", low=0, low_open=True)
     vertices: str | None = option(None, "--constraint hull: a file of its vertices, one per row "
                                         "(.csv without a header, .npy or .json), as many columns "
                                         "as features")

@@ -222,7 +222,8 @@ class Algorithm:
 def algorithms() -> dict[str, Algorithm]:
     """Every registered algorithm by name, in the order `beam-dp algorithms` lists them.
     (Imported here, not at the top, because the algorithm modules import this one.)"""
-    from beam_dp.algorithms import dp_ambssgd, dpsgd_f, heavy_tailed_md, mirror_descent, noisy_gd, ssp
+    from beam_dp.algorithms import (dp_ambssgd, dpsgd_f, heavy_tailed_md, mirror_descent, noisy_gd,
+                                    objective_perturbation, ssp)
     registered = (
         noisy_gd.DPGD,
         noisy_gd.DPSGD,
@@ -231,6 +232,7 @@ def algorithms() -> dict[str, Algorithm]:
         dpsgd_f.DPSGD_F,
         mirror_descent.MIRROR_DESCENT,
         heavy_tailed_md.HEAVY_TAILED_MD,
+        objective_perturbation.OBJECTIVE_PERTURBATION,
     )
     return {a.name: a for a in registered}
 
