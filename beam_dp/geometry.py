@@ -118,6 +118,10 @@ def kappa_lp(p: float, d: int) -> float:
     Note 9.2 lists three variants in the paper (2e log d, 2 ln d, log d); we use 2 ln d (the one
     of Alg 3/4 and of the derivation in note 1). Clamped at 1 because Def. 3 requires kappa >= 1:
     only d = 1 is affected (2 ln 1 = 0), where all norms coincide anyway.
+
+    It sets the mirror map's exponent only. It is NOT the constant to calibrate noise with: for
+    the pair (q, r_q) with r_q < q, Def. 3's kappa is (r_q - 1) d^(2/r_q - 2/q), up to 2e ln d,
+    above this 2 ln d (``mirror_descent.kappa_of``, which the noise uses).
     """
     _check_p_mirror(p, d)
     return max(1.0, min(1.0 / (float(p) - 1.0), 2.0 * math.log(d)))

@@ -567,3 +567,26 @@ def mean_point_design(n: int, dim: int, seed: int) -> tuple[Block, np.ndarray]:
     sign = rng.choice(np.array([-1.0, 1.0]), n)
     mean = np.bincount(index, sign, minlength=dim) / n
     return Block(np.column_stack([index.astype(np.float64), sign]), np.zeros(n)), mean
+
+
+def mean_point_excess(dim: int, kind: str, n: int = 50_000, epsilon: float = 1.0,
+                      delta: float = 1e-5, seed: int = 0) -> dict:
+    """One run of the note's §4.3(b) experiment: the mean-point problem over C = ``kind`` of
+    radius 1 (the l1 and l2 balls have the same l2 radius), lambda = 0 (the loss is 1-strongly
+    convex, which the guarantee allows once n >= 2d / eps), through ``perturbed_minimizer`` on
+    the local aggregator. Returns the excess empirical loss 1/2 ||theta - xbar||^2 (xbar lies in
+    C, so min_C of the loss is at xbar) and the projection lemma's bound on its mean,
+    1/2 (sigma1 / n) G_C (the note §4.2: E||P_C(xbar + h) - xbar||^2 <= sigma G_C for h ~
+    N(0, sigma^2 I)), which ignores the tiny output noise."""
+    from beam_dp.local import LocalAggregator
+
+    block, mean = mean_point_design(n, dim, seed)
+    constraint = geometry.Constraint(kind, 1.0)
+    theta, plan = perturbed_minimizer(
+        LocalAggregator([block]), MeanPointGradient(dim), mean_point_smoothness(dim), constraint,
+        (1, dim + 1), False, n, Privacy(epsilon=epsilon, delta=delta), 0.0, None,
+        seed=mechanisms.stream_key(seed, 7) >> 128)
+    width = constraint.gaussian_width(dim)
+    return {"excess": 0.5 * float(np.sum((theta[0, :-1] - mean) ** 2)),
+            "bound": 0.5 * plan["sigma1"] / n * width if math.isfinite(width) else math.inf,
+            "width": width, "sigma1": plan["sigma1"], "passes": plan["passes"]}
