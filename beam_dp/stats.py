@@ -834,3 +834,110 @@ def summary(state: dict, stages, feature_names, count_source: str,
                   "with probability 0.95."),
     })
     return out
+
+
+# ----------------------------------------------------------------- sparse mean (paper 001, Alg. 1)
+#
+# The projection mechanism for the mean of sparse vectors (Ghazi, Guzman, Kamath, Kumar &
+# Manurangsi 2024, Algorithm 1; the note /work/shared/papers/001, §1A): noise on the mean, then the
+# Euclidean projection onto the l1 ball of radius L sqrt(s), which holds every s-sparse vector of
+# l2 norm <= L. Replace-one neighbours (the paper's), n public. The rows stay sparse (scipy CSR):
+# a block's contribution is one sparse sum, O(nnz + d); only the d-vector of the total is dense.
+#
+# * "gaussian": rows clipped to l2 norm L, so one replacement moves the mean by <= 2L / n in l2;
+#   the Gaussian noise's multiplier is calibrated by dp_accounting (a GaussianDpEvent under
+#   replace-one, unit L / n). Its privacy does not depend on s: s only sets the projection's
+#   radius, a post-processing (a wrong s costs accuracy, never privacy).
+# * "laplace": rows clipped to l1 norm L sqrt(s) (which the privacy needs: enforced, not assumed),
+#   so a replacement moves the mean by <= 2 L sqrt(s) / n in l1; Laplace noise of scale that over
+#   epsilon per coordinate: pure epsilon-DP (a PureDpEvent).
+#
+# Lemma 3.1 (almost surely): ||release - mean||_2^2 <= 2 L sqrt(s) ||noise||_inf, since the mean
+# lies in the ball (the projection's obtuse angle with y = mean, then Hoelder); so the error grows
+# like (s ln d)^(1/4) / sqrt(n eps) where the dense Gaussian's grows like sqrt(d) / (n eps).
+
+SPARSE_MEAN_VARIANTS = ("gaussian", "laplace")
+
+
+def clip_sparse_rows(rows, norm_order: float, bound: float):
+    """The CSR matrix ``rows`` with each row scaled by min(1, bound / ||row||) in l1 or l2, sparse
+    throughout (the scale is per stored entry's row). Overflow-safe: the norms come from each
+    row's entries divided by its largest |entry|. Returns a new CSR matrix."""
+    import scipy.sparse as sp
+
+    rows = sp.csr_matrix(rows, dtype=np.float64, copy=True)
+    if rows.nnz == 0:
+        return rows
+    lengths = np.diff(rows.indptr)
+    owner = np.repeat(np.arange(rows.shape[0]), lengths)
+    magnitude = np.abs(rows.data)
+    largest = np.zeros(rows.shape[0])
+    np.maximum.at(largest, owner, magnitude)
+    safe = np.where(largest > 0, largest, 1.0)
+    scaled = magnitude / safe[owner]
+    if norm_order == 1:
+        norms = safe * np.bincount(owner, scaled, minlength=rows.shape[0])
+    else:
+        norms = safe * np.sqrt(np.bincount(owner, scaled * scaled, minlength=rows.shape[0]))
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        factor = np.where(norms > bound, bound / np.where(norms > 0, norms, 1.0), 1.0)
+    # CLIP_MARGIN: the product of a row with its factor rounds; shrink a hair more so that every
+    # clipped row's norm is <= bound as computed in floats.
+    factor = np.where(norms > bound, factor * (1.0 - 2.0 ** -40), factor)
+    rows.data = rows.data * factor[owner]
+    return rows
+
+
+def sparse_mean_bound(variant: str, lipschitz: float, sparsity: int) -> tuple[float, float]:
+    """(the clip's norm order, its bound) for a variant: l2 <= L (gaussian), l1 <= L sqrt(s)
+    (laplace)."""
+    if variant == "gaussian":
+        return 2.0, float(lipschitz)
+    if variant == "laplace":
+        return 1.0, float(lipschitz) * math.sqrt(sparsity)
+    raise ValueError(f"variant must be one of {', '.join(SPARSE_MEAN_VARIANTS)}")
+
+
+def sparse_clipped_sum(rows, variant: str, lipschitz: float, sparsity: int) -> np.ndarray:
+    """The block kernel: the dense sum over the rows of a CSR block, each clipped as the variant
+    needs. O(nnz + d)."""
+    order, bound = sparse_mean_bound(variant, lipschitz, sparsity)
+    clipped = clip_sparse_rows(rows, order, bound)
+    return np.asarray(clipped.sum(axis=0), dtype=np.float64).ravel()
+
+
+def sparse_mean_noise_scale(variant: str, n: int, lipschitz: float, sparsity: int,
+                            epsilon: float, delta: float, accountant: str = "pld"):
+    """(the noise's scale per coordinate, its DpEvent): gaussian, sigma = multiplier * L / n with
+    the multiplier calibrated under replace-one; laplace, b = 2 L sqrt(s) / (n eps)."""
+    if variant == "gaussian":
+        multiplier = accounting.calibrate_noise_multiplier(
+            lambda m: events.GaussianDpEvent(m), epsilon, delta, accountant,
+            accounting.REPLACE_ONE, guess=2.0 * math.sqrt(2.0 * math.log(1.25 / delta)) / epsilon,
+            slope=-1.0)
+        return multiplier * lipschitz / n, events.GaussianDpEvent(multiplier)
+    _, bound = sparse_mean_bound(variant, lipschitz, sparsity)
+    return 2.0 * bound / (n * epsilon), accounting.PureDpEvent(epsilon)
+
+
+def sparse_mean_release(total: np.ndarray, n: int, variant: str, lipschitz: float, sparsity: int,
+                        scale: float, generator: np.random.Generator,
+                        project: bool = True) -> tuple[np.ndarray, float]:
+    """Algorithm 1 on the driver: (the release, ||noise||_inf). ``total`` is the clipped sum
+    (``sparse_clipped_sum`` over the blocks), ``n`` the public size, ``scale`` the noise's
+    (``sparse_mean_noise_scale``). ``project`` False: the dense mechanism (noise, no projection),
+    the baseline the projection is measured against. ||noise||_inf is for Lemma 3.1's check; it
+    must not leave the job."""
+    from beam_dp import geometry
+
+    d = total.shape[0]
+    if variant == "gaussian":
+        noise = mechanisms.gaussian_noise(generator, d, scale)
+    elif variant == "laplace":
+        noise = generator.laplace(0.0, scale * mechanisms.NOISE_SCALE_FOR_TESTS, size=d)
+    else:
+        raise ValueError(f"variant must be one of {', '.join(SPARSE_MEAN_VARIANTS)}")
+    noisy = total / n + noise
+    if project:
+        noisy = geometry.project_l1_ball(noisy, lipschitz * math.sqrt(sparsity))
+    return noisy, float(np.max(np.abs(noise)))
