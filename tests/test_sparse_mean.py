@@ -166,3 +166,75 @@ def test_block_design_error_within_theorem_3_3_bound():
         error = float(np.linalg.norm(projected - mean))
         assert error <= bound
         assert float(np.linalg.norm(dense - mean)) >= 5 * error
+
+
+# ============================================================== output perturbation (Alg. 6)
+
+from beam_dp import geometry  # noqa: E402
+from beam_dp.algorithms import output_perturbation as outp  # noqa: E402
+from beam_dp.local import LocalAggregator  # noqa: E402
+
+
+def _linear_losses(d: int, n: int = 10_000, s: int = 10, groups: int = 10):
+    """Sparse linear losses <z, x>: ``groups`` groups of rows on disjoint supports, entries
+    1/sqrt(s) (||z|| = 1), so the mean z-bar is flat on groups * s coordinates."""
+    return outp.SparseLinearGradient(block_design(n, d, s, groups), 1.0)
+
+
+def _run(d: int, seed: int, project: bool = True):
+    gradient = _linear_losses(d)
+    n = gradient.rows.shape[0]
+    zbar = np.asarray(gradient.rows.sum(axis=0)).ravel() / n
+    ball = geometry.Constraint("l2-ball", 1.0)
+    x, plan, noise_inf = outp.release(LocalAggregator(gradient.blocks(4096)), gradient,
+                                      outp.sparse_linear_smoothness(1.0, d), ball, d, n, 1.0, 1e-6,
+                                      10, seed=seed, project=project)
+    return float(zbar @ x + np.linalg.norm(zbar)), plan, noise_inf, x
+
+
+def test_linf_projection_is_nearest_in_linf_and_inside_the_set():
+    rng = np.random.default_rng(3)
+    for kind in ("l2-ball", "l1-ball", "box"):
+        ball = geometry.Constraint(kind, 1.0)
+        for _ in range(20):
+            x = rng.normal(size=30) * rng.choice([0.01, 1.0, 10.0])
+            p = outp.linf_projection(x, ball)
+            assert ball.contains(p, tol=1e-12)
+            gap = float(np.max(np.abs(p - x)))
+            # no point of the set is nearer in l_inf: the box of half-width gap * (1 - 1e-6)
+            # around x misses the set (its point nearest the origin per kind is outside)
+            t = gap * (1 - 1e-6)
+            closest = np.sign(x) * np.maximum(np.abs(x) - t, 0.0)
+            if not ball.contains(x, tol=0):
+                assert not ball.contains(closest, tol=0) or kind == "box"
+
+
+@pytest.mark.parametrize("d", [1_000, 100_000])
+def test_master_bound_holds_on_every_draw(d):
+    """F_S(output) - F_S* <= (lambda / 2) ||x*||^2 + 2 L sqrt(s) ||noise||_inf (the note's master
+    bound, with the certified solve's alpha on top), on every draw."""
+    for seed in range(5):
+        excess, plan, noise_inf, x = _run(d, seed)
+        assert geometry.Constraint("l2-ball", 1.0).contains(x, tol=1e-12)
+        bound = plan["regularization"] / 2 + 2 * math.sqrt(10) * noise_inf + plan["accuracy"]
+        assert excess <= bound, (excess, bound)
+
+
+def test_linf_projection_beats_the_euclidean_one_at_large_d():
+    """At d = 10^6 (n = 10^4, s = 10, epsilon = 1): the l_inf projection's excess risk is at least
+    5x below the Euclidean projection's (measured 0.040 against 0.264); both spend the same
+    noise. (At d = 10^3: 0.0045 against 0.0070.)"""
+    linf = np.mean([_run(1_000_000, seed)[0] for seed in range(3)])
+    euclid = np.mean([_run(1_000_000, seed, project=False)[0] for seed in range(3)])
+    assert euclid >= 5 * linf, (linf, euclid)
+
+
+def test_output_perturbation_noise_recomputed_with_dp_accounting():
+    _, plan, _, _ = _run(10_000, 0)
+    found = pld.from_gaussian_mechanism(plan["noise_multiplier"], sensitivity=2.0,
+                                        value_discretization_interval=1e-4)
+    assert found.get_epsilon_for_delta(1e-6) == pytest.approx(1.0, rel=2e-3)
+    # a replacement moves the certified solution by 2 (L / (lambda n) + tau), tau = 1% of it
+    unit = 1.0 / (plan["regularization"] * 10_000)
+    assert plan["sensitivity_unit"] == pytest.approx(unit * 1.01, rel=1e-6)
+    assert plan["sigma"] == pytest.approx(plan["noise_multiplier"] * plan["sensitivity_unit"])

@@ -369,6 +369,33 @@ def output_noise(seed: int, shape: tuple, sigma: float, fit_intercept: bool) -> 
     return noise
 
 
+def certified_solve(aggregator, gradient, constraint: geometry.Constraint, shape: tuple,
+                    fit_intercept: bool, n: int, regularization: float, linear_term: np.ndarray,
+                    start: np.ndarray, plan: dict, steps_per_chunk: int | None = None,
+                    progress: Callable | None = None) -> np.ndarray:
+    """theta2 with J(theta2) - min_{C x R} J <= plan["accuracy"], J = (1/n) sum of the losses +
+    <linear_term, theta> + regularization ||theta||^2: ``plan["passes"]`` passes (``solver_plan``,
+    public), then the certificate's check. Raises RuntimeError, saying no value, if it fails."""
+    stage = SolverPass(gradient, shape, fit_intercept, constraint, linear_term, regularization,
+                       float(n), plan["smoothness"], plan["strong_convexity"], plan["momentum"],
+                       plan["accelerated_passes"], plan["rounding_allowance"])
+    total = plan["passes"]
+
+    def after_chunk(new_state: SolverState, k: int) -> None:
+        if progress is not None:
+            progress(new_state.step, total, 0.0)
+
+    if progress is not None:
+        progress(0, total, 0.0)
+    state = run_chunks(aggregator, stage, SolverState(start, start.copy()), total,
+                       steps_per_chunk, after_chunk)
+    if state.certificate is None or not state.certificate <= plan["accuracy"]:
+        # (No value is said: the certificate is a function of the data.)
+        raise RuntimeError("the solver did not certify its accuracy within the planned passes; "
+                           "nothing is released (this should not happen: please report it)")
+    return state.x
+
+
 # Stream ids of G and H (other algorithms use mechanisms.STREAM_* 1-4 and per-step streams).
 STREAM_OBJECTIVE = 41
 STREAM_OUTPUT = 42
@@ -417,26 +444,11 @@ def perturbed_minimizer(aggregator, gradient, smooth: Smoothness, constraint: ge
                      if ledger.releases else events.ComposedDpEvent([objective_event, output_event]))
 
     noise = objective_noise(seed, shape, sigma1, fit_intercept)
-    stage = SolverPass(gradient, shape, fit_intercept, constraint, noise / n, lam, float(n),
-                       plan["smoothness"], plan["strong_convexity"], plan["momentum"],
-                       plan["accelerated_passes"], plan["rounding_allowance"])
+    solution = certified_solve(aggregator, gradient, constraint, shape, fit_intercept, n, lam,
+                               noise / n, start, plan, steps_per_chunk, progress)
     del noise
-    state = SolverState(start, start.copy())
-    total = plan["passes"]
-
-    def after_chunk(new_state: SolverState, k: int) -> None:
-        if progress is not None:
-            progress(new_state.step, total, 0.0)
-
-    if progress is not None:
-        progress(0, total, 0.0)
-    state = run_chunks(aggregator, stage, state, total, steps_per_chunk, after_chunk)
-    if state.certificate is None or not state.certificate <= plan["accuracy"]:
-        # (No value is said: the certificate is a function of the data.)
-        raise RuntimeError("the solver did not certify its accuracy within the planned passes; "
-                           "nothing is released (this should not happen: please report it)")
     output = output_noise(seed, shape, plan["output_sigma"], fit_intercept)
-    theta = stage.project(state.x + output)
+    theta = project_model(constraint, solution + output, fit_intercept)
     if ledger is not None:
         common = dict(relation="replace-one", regularization=lam)
         ledger.record(OBJECTIVE_RELEASE, objective_event,
