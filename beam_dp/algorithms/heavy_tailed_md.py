@@ -413,17 +413,8 @@ def check_privacy(privacy: registry.Privacy) -> None:
     GG draws are float), a count budget (n is public under replace-one), the RDP accountant (an
     (epsilon, delta) release bounds no Renyi divergence) and a target epsilon above 1 (Lemma 3's
     range)."""
-    if privacy.noise == "secure":
-        raise ValueError("heavy-tailed-md has no secure noise (its generalized Gaussian draws are "
-                         "float); use --noise float")
-    if privacy.count_epsilon is not None:
-        raise ValueError("heavy-tailed-md spends no budget on a count: n is public under its "
-                         "replace-one relation (--num-examples, or the row count); drop "
-                         "--count-epsilon")
-    if privacy.accountant != "pld":
-        raise ValueError("heavy-tailed-md's release is an (epsilon, delta) guarantee (the "
-                         "generalized Gaussian lemma), which the RDP accountant cannot account; "
-                         "use --accountant pld")
+    registry.check_replace_one_float_request("heavy-tailed-md", privacy, "generalized Gaussian",
+                                             "the generalized Gaussian lemma")
     if privacy.epsilon is not None and privacy.epsilon > 1.0:
         raise ValueError(f"heavy-tailed-md needs --epsilon at most 1 (got {privacy.epsilon:g}): "
                          "its generalized Gaussian mechanism (paper 004, Lemma 3) is proven only "

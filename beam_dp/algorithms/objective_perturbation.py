@@ -75,6 +75,7 @@ from beam_dp.algorithms.base import run_chunks
 from beam_dp.algorithms.constrained import ConstraintOptions
 from beam_dp.algorithms.mirror_descent import CURVATURE, public_dataset_size
 from beam_dp.algorithms.noisy_gd import TrainResult
+from beam_dp.algorithms import registry
 from beam_dp.algorithms.registry import Algorithm, Privacy, Problem, option
 from beam_dp.data import Block
 
@@ -352,18 +353,11 @@ class SolverPass:
         return out
 
 
-def objective_noise(seed: int, shape: tuple, sigma: float, fit_intercept: bool) -> np.ndarray:
-    """G (shaped like theta; 0 for an absent intercept), from its own stream of the root seed."""
-    noise = mechanisms.gaussian_noise(mechanisms.secure_generator(seed, STREAM_OBJECTIVE), shape,
-                                      sigma)
-    if not fit_intercept:
-        noise[:, -1] = 0.0
-    return noise
-
-
-def output_noise(seed: int, shape: tuple, sigma: float, fit_intercept: bool) -> np.ndarray:
-    noise = mechanisms.gaussian_noise(mechanisms.secure_generator(seed, STREAM_OUTPUT), shape,
-                                      sigma)
+def model_noise(seed: int, stream: int, shape: tuple, sigma: float,
+                fit_intercept: bool) -> np.ndarray:
+    """N(0, sigma^2) shaped like theta (0 for an absent intercept), from its own stream of the
+    root seed: G (STREAM_OBJECTIVE) or H (STREAM_OUTPUT)."""
+    noise = mechanisms.gaussian_noise(mechanisms.secure_generator(seed, stream), shape, sigma)
     if not fit_intercept:
         noise[:, -1] = 0.0
     return noise
@@ -443,11 +437,11 @@ def perturbed_minimizer(aggregator, gradient, smooth: Smoothness, constraint: ge
         ledger.admit(events.ComposedDpEvent([ledger.event(), objective_event, output_event])
                      if ledger.releases else events.ComposedDpEvent([objective_event, output_event]))
 
-    noise = objective_noise(seed, shape, sigma1, fit_intercept)
+    noise = model_noise(seed, STREAM_OBJECTIVE, shape, sigma1, fit_intercept)
     solution = certified_solve(aggregator, gradient, constraint, shape, fit_intercept, n, lam,
                                noise / n, start, plan, steps_per_chunk, progress)
     del noise
-    output = output_noise(seed, shape, plan["output_sigma"], fit_intercept)
+    output = model_noise(seed, STREAM_OUTPUT, shape, plan["output_sigma"], fit_intercept)
     theta = project_model(constraint, solution + output, fit_intercept)
     if ledger is not None:
         common = dict(relation="replace-one", regularization=lam)
@@ -473,16 +467,9 @@ def check_privacy(privacy: Privacy) -> None:
     if privacy.epsilon is None:
         raise ValueError("objective-perturbation calibrates two mechanisms to a target: give "
                          "--epsilon (not --noise-multiplier)")
-    if privacy.noise == "secure":
-        raise ValueError("objective-perturbation has no secure noise (its Gaussian draws are "
-                         "float); use --noise float")
-    if privacy.count_epsilon is not None:
-        raise ValueError("objective-perturbation spends no budget on a count: n is public under "
-                         "its replace-one relation (--num-examples, or the row count); drop "
-                         "--count-epsilon")
-    if privacy.accountant != "pld":
-        raise ValueError("objective-perturbation's first release is an (epsilon, delta) "
-                         "guarantee, which the RDP accountant cannot account; use --accountant pld")
+    registry.check_replace_one_float_request(
+        "objective-perturbation", privacy, "Gaussian",
+        "objective perturbation (Lemma 5)")
 
 
 def train(options: ObjectivePerturbationOptions, problem: Problem, aggregator, seed: int,

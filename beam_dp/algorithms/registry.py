@@ -219,6 +219,22 @@ class Algorithm:
         proven only for epsilon <= 1)."""
 
 
+def check_replace_one_float_request(name: str, privacy: Privacy, noise: str, proof: str) -> None:
+    """The refusals shared by the replace-one algorithms whose releases are float noise with an
+    (epsilon, delta) guarantee (paper 004's): secure noise (not built for them), a count budget
+    (n is public under replace-one) and the RDP accountant (an (epsilon, delta) release with delta
+    > 0 bounds no Renyi divergence). ``proof`` names the result giving the (epsilon, delta)."""
+    if privacy.noise == "secure":
+        raise ValueError(f"{name} has no secure noise (its {noise} draws are float); use "
+                         "--noise float")
+    if privacy.count_epsilon is not None:
+        raise ValueError(f"{name} spends no budget on a count: n is public under its replace-one "
+                         "relation (--num-examples, or the row count); drop --count-epsilon")
+    if privacy.accountant != "pld":
+        raise ValueError(f"{name}'s release is an (epsilon, delta) guarantee ({proof}), which the "
+                         "RDP accountant cannot account; use --accountant pld")
+
+
 def algorithms() -> dict[str, Algorithm]:
     """Every registered algorithm by name, in the order `beam-dp algorithms` lists them.
     (Imported here, not at the top, because the algorithm modules import this one.)"""
