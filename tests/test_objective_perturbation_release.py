@@ -268,3 +268,11 @@ def test_a_real_table_with_the_defaults(tmp_path, cli):
         geometry.gaussian_width_l1_ball(6, 10.0))
     coefficients = np.ravel(read_json(out / "model.json")["coefficients"])
     assert np.abs(coefficients).sum() <= 10.0 * (1 + 1e-9)
+
+
+def test_checkpoints_are_refused_saying_why(tmp_path):
+    x, y = _logistic_problem(n=300, d=3, seed=7)
+    with pytest.raises(ValueError, match="iterates are not private"):
+        beam_dp.train(x, (y > 0).astype(float), algorithm="objective-perturbation", epsilon=1.0,
+                      runner="local", checkpoint_dir=str(tmp_path / "ck"))
+    assert not (tmp_path / "ck").exists()

@@ -531,7 +531,9 @@ OBJECTIVE_PERTURBATION = _ObjectivePerturbationAlgorithm(
                               "objective, a certified solve, projection; its error grows with "
                               "the set's Gaussian width, not sqrt(d); replace-one (n public)",
     MODELS, ObjectivePerturbationOptions, train, relation=accounting.REPLACE_ONE,
-    checkpoints=False)
+    checkpoints=False,
+    why_no_checkpoints="its solver's iterates are not private, so they are never written; a run "
+                       "that stops is rerun from the start")
 
 
 # ------------------------------------------------------------------------------ a test design

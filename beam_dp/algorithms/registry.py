@@ -195,6 +195,7 @@ class Algorithm:
     train: Callable               # (options, problem, aggregator, seed, ledger, progress) -> TrainResult
     relation: str = accounting.ADD_REMOVE
     checkpoints: bool = True      # supports --checkpoint-dir (resuming between chunks)
+    why_no_checkpoints: str = "it makes one pass"   # said when --checkpoint-dir is refused
     warm_start: bool = False      # supports --warm-start (starts from a released model)
     no_intercept: bool = True     # can fit a model without an intercept
     secure_noise: bool = False    # every release: integer noise on exact sums (--noise secure)
@@ -205,7 +206,8 @@ class Algorithm:
             raise ValueError(f"{self.name} does not fit --model {problem.loss.name}; "
                              f"it supports: {', '.join(self.models)}")
         if problem.checkpoint_dir and not self.checkpoints:
-            raise ValueError(f"{self.name} does not support --checkpoint-dir (it makes one pass)")
+            raise ValueError(f"{self.name} does not support --checkpoint-dir "
+                             f"({self.why_no_checkpoints})")
         if not problem.fit_intercept and not self.no_intercept:
             raise ValueError(f"{self.name} always fits an intercept; drop --no-intercept")
         if problem.privacy.noise == "secure" and not self.secure_noise:
