@@ -10,7 +10,7 @@ from dp_accounting.pld import common as pld_common
 from dp_accounting.pld import privacy_loss_distribution
 
 import beam_dp
-from beam_dp import accounting, data, features, geometry, losses, mechanisms
+from beam_dp import accounting, features, geometry, losses, mechanisms
 from beam_dp.algorithms import objective_perturbation as op
 from beam_dp.algorithms.registry import Privacy
 from beam_dp.data import Block
@@ -174,37 +174,7 @@ def test_the_model_lies_in_its_set_and_records_it(tmp_path, options):
 # ============================================================== refusals before any data is read
 
 
-class _Unread:
-    pass
-
-
-@pytest.mark.parametrize("flags, match", [
-    (["--constraint", "hull"], "--vertices"),
-    (["--radius", "0"], "--radius"),
-    (["--radius", "-1"], "--radius"),
-    (["--noise-multiplier", "1", "--epsilon", None], "--epsilon"),
-    (["--accountant", "rdp"], "accountant"),
-    (["--noise", "secure"], "secure"),
-    (["--count-epsilon", "0.1"], "count"),
-    (["--model", "linear"], "linear"),
-])
-def test_bad_requests_are_refused_before_the_input_is_opened(cli, tmp_path, monkeypatch, flags,
-                                                            match):
-    def no_reading(*args, **kwargs):
-        raise AssertionError("the data was read before the request was checked")
-    monkeypatch.setattr(data, "load_blocks", no_reading)
-    monkeypatch.setattr(data, "resolve_feature_columns", no_reading)
-    args = ["train", "--input", str(tmp_path / "x.csv"), "--output", tmp_path / "out",
-            "--algorithm", "objective-perturbation", "--runner", "local"]
-    if None in flags:   # --noise-multiplier instead of --epsilon
-        flags = [f for f in flags if f not in ("--epsilon", None)]
-    else:
-        args += ["--epsilon", "1"]
-    (tmp_path / "x.csv").write_text("f0,label\n1,0\n")
-    r = cli(*args, *flags)
-    assert r.code != 0, r
-    assert match in r.err, r
-    assert not (tmp_path / "out").exists()
+# (Every other refusal before the input is opened: tests/test_objective_perturbation.py.)
 
 
 def test_too_little_regularization_and_too_many_passes_are_refused_with_nothing_written(cli, tmp_path):

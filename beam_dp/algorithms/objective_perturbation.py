@@ -489,6 +489,12 @@ def train(options: ObjectivePerturbationOptions, problem: Problem, aggregator, s
     smooth = glm_smoothness(loss, bound, d, problem.fit_intercept)
     dataset_size = public_dataset_size(privacy.num_examples, aggregator)
     n = dataset_size["value"]
+    # The solve's plan assumes the loss term (1/n) sum over the rows is beta-smooth: at most n
+    # rows. The row count is public under replace-one, so a declared n below it is refused here
+    # (rather than by a certificate that cannot hold after every planned pass).
+    if privacy.num_examples is not None and aggregator.count() > n:
+        raise ValueError("--num-examples is below the number of rows in the input: "
+                         "objective-perturbation's solver is planned for at most that many rows")
     shape = (loss.outputs(), d + 1)
     gradient = GlmGradient(loss, transform, problem.fit_intercept)
 
