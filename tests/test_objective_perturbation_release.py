@@ -246,3 +246,19 @@ def test_checkpoints_are_refused_saying_why(tmp_path):
         beam_dp.train(x, (y > 0).astype(float), algorithm="objective-perturbation", epsilon=1.0,
                       runner="local", checkpoint_dir=str(tmp_path / "ck"))
     assert not (tmp_path / "ck").exists()
+
+
+def test_the_rounded_count_plans_for_up_to_five_percent_more_rows(monkeypatch):
+    """n from the rounded count (1,049 rows -> n = 1,000): the plan's smoothness allows 1.05 n
+    rows, a public bound, so the certificate's L_s is a true smoothness bound; with --num-examples
+    (no more rows than n, refused otherwise) it is the per-example beta."""
+    x, y = _logistic_problem(n=1049, d=3, seed=8)
+    labels = (y > 0).astype(float)
+    rounded = beam_dp.train(x, labels, algorithm="objective-perturbation", epsilon=1.0, seed=1,
+                            runner="local").privacy_report["algorithm_parameters"]
+    public = beam_dp.train(x, labels, algorithm="objective-perturbation", epsilon=1.0, seed=1,
+                           runner="local", num_examples=1049).privacy_report["algorithm_parameters"]
+    assert rounded["smoothness"] == pytest.approx(
+        1.05 * rounded["loss_smoothness"] + 2 * rounded["regularization"], rel=1e-12)
+    assert public["smoothness"] == pytest.approx(
+        public["loss_smoothness"] + 2 * public["regularization"], rel=1e-12)

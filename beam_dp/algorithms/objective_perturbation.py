@@ -97,6 +97,10 @@ REFERENCE_DIAMETER = 2.0
 BOUND_MARGIN = 1.0 + 2.0 ** -40
 UNIT_ROUNDOFF = 2.0 ** -53
 DEFAULT_MAX_PASSES = 5000
+# A count rounded to two significant digits, n, is below ROUNDED_COUNT_RATIO * n rows
+# (mirror_descent.public_dataset_size: n >= 10 units of its last digit, the count within half a
+# unit of it).
+ROUNDED_COUNT_RATIO = 1.05
 
 
 # ------------------------------------------------------------------------------ the options
@@ -208,18 +212,20 @@ def output_multiplier(epsilon: float, delta: float, epsilon1: float, delta1: flo
 
 def solver_plan(smooth: Smoothness, dim: int, n: int, regularization: float, sigma1: float,
                 multiplier2: float, accuracy: float | None, diameter: float, width: float,
-                start_norm: float, epsilon: float, delta: float) -> dict:
+                start_norm: float, epsilon: float, delta: float, rows_per_n: float = 1.0) -> dict:
     """The public plan of the certified solve: mu, L_s, kappa, alpha (the default of the module
     docstring, never below what float64 can certify), the rounding allowance e, the number of
+    passes. ``rows_per_n``: a public bound on (rows in the input) / n, for the loss term's
+    smoothness and gradient (ROUNDED_COUNT_RATIO when n is the rounded count); the number of
     accelerated passes K (then one certificate pass), r0 and sigma2."""
     lam = regularization
     mu = 2.0 * lam + smooth.strong_convexity
     if mu <= 0.0:
         raise ValueError("the objective is not strongly convex: give --regularization above 0")
-    smoothness = smooth.beta + 2.0 * lam
+    smoothness = rows_per_n * smooth.beta + 2.0 * lam
     kappa = max(1.0, smoothness / mu)
     noise_bound = sigma1 * (math.sqrt(dim) + math.sqrt(2.0 * TAIL_BITS * math.log(2.0)))
-    initial_gradient = smooth.lipschitz + noise_bound / n + 2.0 * lam * start_norm
+    initial_gradient = rows_per_n * smooth.lipschitz + noise_bound / n + 2.0 * lam * start_norm
     gap0 = initial_gradient ** 2 / (2.0 * mu)
     # ||theta|| <= ||x0|| + 2 ||grad J(x0)|| / mu on the iterates' region (strong convexity), so
     # the rounding allowance has a public bound: summing n gradients of norm <= L in any order is
@@ -227,7 +233,7 @@ def solver_plan(smooth: Smoothness, dim: int, n: int, regularization: float, sig
     # n is doubled (the public n may be a rounded count) and all of it doubled again.
     radius = start_norm + 2.0 * initial_gradient / mu
     allowance = 2.0 * (2.0 * n + 2.0 * dim + 64.0) * UNIT_ROUNDOFF * (
-        smooth.lipschitz + (smooth.beta + 2.0 * lam) * radius + noise_bound / n)
+        rows_per_n * smooth.lipschitz + smoothness * radius + noise_bound / n)
     floor = 64.0 * allowance ** 2 / mu + 1e-30
     if accuracy is None:
         theorem = smooth.lipschitz * diameter / n ** 1.5
@@ -399,9 +405,11 @@ def perturbed_minimizer(aggregator, gradient, smooth: Smoothness, constraint: ge
                         shape: tuple, fit_intercept: bool, n: int, privacy: Privacy,
                         regularization: float | None, accuracy: float | None, seed: int,
                         steps_per_chunk: int | None = None, max_passes: int = DEFAULT_MAX_PASSES,
-                        progress: Callable | None = None, ledger: accounting.Ledger | None = None):
+                        progress: Callable | None = None, ledger: accounting.Ledger | None = None,
+                        rows_per_n: float = 1.0):
     """Algorithms 1/2 end to end over ``aggregator``'s data: returns (model theta, public plan).
-    Records both releases in ``ledger`` once the model exists (admitted before the solve)."""
+    Records both releases in ``ledger`` once the model exists (admitted before the solve).
+    ``rows_per_n``: a public bound on the input's rows over n (``solver_plan``)."""
     epsilon, delta = privacy.epsilon, privacy.delta
     epsilon1, delta1 = split_budget(epsilon, delta)
     dim = int(np.prod(shape)) - (0 if fit_intercept else shape[0])
@@ -422,7 +430,7 @@ def perturbed_minimizer(aggregator, gradient, smooth: Smoothness, constraint: ge
     multiplier2 = output_multiplier(epsilon, delta, epsilon1, delta1, privacy.accountant)
     start = project_model(constraint, np.zeros(shape), fit_intercept)
     plan = solver_plan(smooth, dim, n, lam, sigma1, multiplier2, accuracy, diameter, width,
-                       float(np.linalg.norm(start)), epsilon, delta)
+                       float(np.linalg.norm(start)), epsilon, delta, rows_per_n)
     if plan["passes"] > max_passes:
         raise ValueError(f"the certified solve needs {plan['passes']} full passes over the data, "
                          f"more than --max-passes {max_passes}: raise --regularization (fewer "
@@ -495,13 +503,16 @@ def train(options: ObjectivePerturbationOptions, problem: Problem, aggregator, s
     if privacy.num_examples is not None and aggregator.count() > n:
         raise ValueError("--num-examples is below the number of rows in the input: "
                          "objective-perturbation's solver is planned for at most that many rows")
+    # n rounded to two significant digits: the rows are fewer than 1.05 n, a public bound (the
+    # exact ratio would reveal the count through the plan in the report).
+    rows_per_n = 1.0 if privacy.num_examples is not None else ROUNDED_COUNT_RATIO
     shape = (loss.outputs(), d + 1)
     gradient = GlmGradient(loss, transform, problem.fit_intercept)
 
     theta, plan = perturbed_minimizer(
         aggregator, gradient, smooth, constraint, shape, problem.fit_intercept, n, privacy,
         options.regularization, options.accuracy, seed, problem.steps_per_chunk,
-        options.max_passes, progress, ledger)
+        options.max_passes, progress, ledger, rows_per_n)
     details = dict(plan)
     details.update(
         constraint=constraint.kind, feature_bound=bound, lipschitz=smooth.lipschitz,
