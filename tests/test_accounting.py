@@ -657,3 +657,26 @@ def test_generalized_gaussian_mechanism_matches_its_lemma():
         accounting.generalized_gaussian_event(sigma / 3, s, kappa, delta)   # epsilon 1.5
     with pytest.raises(ValueError, match="kappa"):
         accounting.generalized_gaussian_event(sigma, s, 0.5, delta)
+
+
+@pytest.mark.parametrize("event", [
+    ev.GaussianDpEvent(4.0),
+    ev.SelfComposedDpEvent(ev.GaussianDpEvent(20.0), 50),
+    ev.ComposedDpEvent([ev.GaussianDpEvent(6.0), ev.SelfComposedDpEvent(ev.GaussianDpEvent(9.0), 3)]),
+])
+def test_rdp_reads_replace_one_multipliers_as_pld_does(event):
+    """A replace-one multiplier is stated against the add/remove sensitivity (a replacement moves
+    a sum twice as far), as dp_accounting's PLD reads it; its RDP accountant ignores the
+    relation, so passed as is, RDP claimed about half the epsilon (1.01 against PLD's 1.99 for
+    GaussianDpEvent(4)). RDP is an upper bound: it must never be below PLD, and under
+    replace-one it is the add/remove RDP of the event at half the multiplier."""
+    rdp = accounting.epsilon_of(event, 1e-5, "rdp", accounting.REPLACE_ONE)
+    pld = accounting.epsilon_of(event, 1e-5, "pld", accounting.REPLACE_ONE)
+    assert rdp >= pld * (1 - 1e-6)
+    halved = accounting._rdp_replace_one_units(event)
+    assert rdp == pytest.approx(accounting.epsilon_of(halved, 1e-5, "rdp", accounting.ADD_REMOVE),
+                                rel=1e-12)
+    # and a replace-one calibration by RDP needs more noise than by PLD, never less
+    make = lambda m: ev.GaussianDpEvent(m)  # noqa: E731
+    assert (accounting.calibrate_noise_multiplier(make, 1.0, 1e-5, "rdp", accounting.REPLACE_ONE)
+            >= accounting.calibrate_noise_multiplier(make, 1.0, 1e-5, "pld", accounting.REPLACE_ONE))

@@ -156,11 +156,15 @@ def test_event_json_reads_only_known_event_types():
      accounting.REPLACE_ONE),
 ])
 def test_rdp_curve_is_dp_accountings(event, relation):
+    """dp_accounting's RDP, of the event in its units: under replace-one its Gaussian and Laplace
+    multipliers halved (``accounting._rdp_replace_one_units``: the project states them against
+    the add/remove sensitivity, as dp_accounting's PLD reads them)."""
     relations = {accounting.ADD_REMOVE: rdp_privacy_accountant.NeighborRel.ADD_OR_REMOVE_ONE,
                  accounting.REPLACE_ONE: rdp_privacy_accountant.NeighborRel.REPLACE_ONE}
     theirs = rdp_privacy_accountant.RdpAccountant(list(ORDERS), relations[relation])
+    units = accounting._rdp_replace_one_units(event) if relation == accounting.REPLACE_ONE else event
     np.testing.assert_array_equal(rdp_filter.rdp_curve(event, relation),
-                                  theirs.compose(event).rdp)
+                                  theirs.compose(units).rdp)
 
 
 def test_rdp_curve_of_a_pure_dp_event_and_of_unsupported_events():
@@ -327,10 +331,11 @@ def test_unpartitioned_datasets_and_one_unit_of_privacy_per_dataset(ledger):
     with pytest.raises(LedgerError, match="one neighbouring relation"):
         ledger.reserve("w4", "whole", None, ev.GaussianDpEvent(4.0), neighbouring="replace_one")
     ledger.set_budget("rep", 2.0, 1e-6)
-    charge = ledger.reserve("r1", "rep", None, ev.GaussianDpEvent(4.0), "replace_one").charge
+    # (a replace-one Gaussian of multiplier m costs about what an add/remove one of m / 2 does)
+    charge = ledger.reserve("r1", "rep", None, ev.GaussianDpEvent(8.0), "replace_one").charge
     assert charge.neighbouring == accounting.REPLACE_ONE
     np.testing.assert_array_equal(
-        charge.rdp, rdp_filter.rdp_curve(ev.GaussianDpEvent(4.0), accounting.REPLACE_ONE))
+        charge.rdp, rdp_filter.rdp_curve(ev.GaussianDpEvent(8.0), accounting.REPLACE_ONE))
 
 
 def test_run_context_manager(ledger):
