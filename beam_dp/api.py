@@ -21,6 +21,7 @@ import numpy as np
 
 from beam_dp import accounting, data, features, losses, mechanisms, report
 from beam_dp.algorithms import registry
+from beam_dp.categorical import Encoding, make_encoding
 
 DEFAULT_BEAM_RUNNER = "FnApiRunner"   # DirectRunner first tries to download Prism: no network
 LOCAL = "local"
@@ -42,7 +43,9 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
           steps_per_job: int | None = None, checkpoint_dir: str | None = None,
           progress: Callable[[int, int, float], None] | None = None,
           warm_start: "str | Model | None" = None, max_jobs: int | None = None,
-          budget_gate: Callable | None = None, **options) -> "Model":
+          budget_gate: Callable | None = None, categorical_columns: Sequence[str] | None = None,
+          hash_buckets: int | None = None, hash_seed: int = 0, vocabulary: str | None = None,
+          **options) -> "Model":
     """Trains a differentially private GLM; see the module docstring.
 
     ``epsilon`` (with ``delta``) calibrates the noise; ``noise_multiplier`` instead reports the
@@ -60,6 +63,10 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
     ``checkpoint_dir``) rather than launch more jobs. ``budget_gate(event)``: called with
     everything the run will have released before it releases more (``beam_dp.ledger``'s
     budget across runs; it raises to refuse).
+
+    ``categorical_columns`` (file input): string or integer columns encoded as sparse features
+    through ``hash_buckets`` (with the public ``hash_seed``) or a ``vocabulary`` file
+    (``beam_dp.categorical``); the model records the encoding and ``predict`` applies it.
     """
     if mechanisms.NOISE_SCALE_FOR_TESTS != 1.0:   # the audit's broken build must not train models
         raise RuntimeError("this process has mechanisms.NOISE_SCALE_FOR_TESTS set (a test-only "
@@ -71,10 +78,13 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
                label_column=label_column, feature_columns=feature_columns, runner=runner,
                pipeline_args=pipeline_args, batch_rows=batch_rows, seed=seed,
                steps_per_job=steps_per_job, checkpoint_dir=checkpoint_dir, progress=progress,
-               warm_start=warm_start, max_jobs=max_jobs, budget_gate=budget_gate, options=options)
+               warm_start=warm_start, max_jobs=max_jobs, budget_gate=budget_gate, options=options,
+               categorical=dict(categorical_columns=categorical_columns, hash_buckets=hash_buckets,
+                                hash_seed=hash_seed, vocabulary=vocabulary))
     artifact = report.model_artifact(run.loss, run.result.theta, run.feature_columns, label_column,
                                      run.algorithm.name, fit_intercept, run.result.feature_transform,
-                                     run.result.constraint)
+                                     run.result.constraint,
+                                     run.encoding.spec() if run.encoding is not None else None)
     privacy_report = report.privacy_report(run.ledger, run.privacy, run.result, run.algorithm,
                                            run.options, seed_fixed=seed is not None)
     for message in _warnings(privacy_report, run.result.dataset_size):
@@ -94,13 +104,14 @@ class _Run:
     privacy: registry.Privacy
     loss: losses.GlmLoss
     feature_columns: list
+    encoding: Encoding | None = None
 
 
 def _run(X, y, *, input, algorithm, model, epsilon, delta, noise_multiplier, accountant,
          num_examples, count_epsilon, noise, num_classes, huber_delta, fit_intercept, label_column,
          feature_columns, runner, pipeline_args, batch_rows, seed, steps_per_job=None,
          checkpoint_dir=None, progress=None, warm_start=None, max_jobs=None, budget_gate=None,
-         options=None, instrument=None) -> _Run:
+         options=None, instrument=None, categorical: dict | None = None) -> _Run:
     """``train`` up to its result: what ``train`` and ``beam_dp.audit.run`` share.
     ``instrument(problem, aggregator) -> (problem, aggregator)``: the audit's canaries (a wider
     problem, an aggregator that injects them); None for training."""
@@ -118,25 +129,32 @@ def _run(X, y, *, input, algorithm, model, epsilon, delta, noise_multiplier, acc
     chosen.check_request(loss, privacy, algorithm_options)   # before any data is read
     if (X is None) == (input is None):
         raise ValueError("give either arrays X, y or input= files")
+    encoding = None
     if X is not None:
         if runner not in (None, LOCAL):
             raise ValueError("in-memory arrays train in-process; write them to files to use a Beam runner")
+        if categorical and any(v not in (None, 0) for v in categorical.values()):
+            raise ValueError("categorical columns are read from files (input=); encode in-memory "
+                             "arrays first")
         feature_columns, aggregator = _array_input(X, y, loss, feature_columns, batch_rows)
         files = "in-memory arrays"
     else:
-        files, feature_columns, aggregator = file_input(input, runner or DEFAULT_BEAM_RUNNER,
-                                                        list(pipeline_args), loss, label_column,
-                                                        feature_columns, batch_rows)
+        files, feature_columns, aggregator, encoding = file_input(
+            input, runner or DEFAULT_BEAM_RUNNER, list(pipeline_args), loss, label_column,
+            feature_columns, batch_rows, categorical=categorical)
     if max_jobs is not None and hasattr(aggregator, "max_jobs"):
         aggregator.max_jobs = max_jobs
     source = {"files": files, "label_column": label_column, "feature_columns": list(feature_columns)}
+    if encoding is not None:   # public: the declared columns and the hash or vocabulary
+        source["encoding"] = encoding.spec()
     initial = None
     if warm_start is not None:
         initial = _warm_start_theta(warm_start, chosen, loss, list(feature_columns), label_column,
-                                    fit_intercept, algorithm_options)
-    problem = registry.Problem(loss, len(feature_columns), privacy, fit_intercept,
-                               steps_per_job, checkpoint_dir, source, seed_fixed=seed is not None,
-                               initial_theta=initial)
+                                    fit_intercept, algorithm_options, encoding)
+    problem = registry.Problem(loss, encoding.dim if encoding is not None else len(feature_columns),
+                               privacy, fit_intercept, steps_per_job, checkpoint_dir, source,
+                               seed_fixed=seed is not None, initial_theta=initial,
+                               sparse=encoding is not None)
     chosen.check(problem)
     ledger = accounting.Ledger(accountant, chosen.relation, gate=budget_gate)
     try:
@@ -147,11 +165,12 @@ def _run(X, y, *, input, algorithm, model, epsilon, delta, noise_multiplier, acc
                               progress or (lambda done, total, eps: None))
     finally:
         aggregator.close()
-    return _Run(result, ledger, chosen, algorithm_options, privacy, loss, list(feature_columns))
+    return _Run(result, ledger, chosen, algorithm_options, privacy, loss, list(feature_columns),
+                encoding)
 
 
 def _warm_start_theta(warm_start, chosen, loss, feature_columns, label_column, fit_intercept,
-                      algorithm_options) -> np.ndarray:
+                      algorithm_options, encoding: Encoding | None = None) -> np.ndarray:
     """The coefficients of a released model to start from, if it fits this run: the same
     model, features, label and intercept, and no feature transform on either side (a transform
     would put the coefficients in another space)."""
@@ -167,6 +186,7 @@ def _warm_start_theta(warm_start, chosen, loss, feature_columns, label_column, f
     mismatch = [what for what, same in (
         ("model", artifact["model"] == loss.name),
         ("feature columns", list(artifact["feature_columns"]) == feature_columns),
+        ("categorical encoding", artifact.get("encoding") == (encoding.spec() if encoding else None)),
         ("label column", artifact["label_column"] == label_column),
         ("intercept", artifact["fit_intercept"] == fit_intercept),
         ("number of outputs", model.theta.shape[0] == loss.outputs())) if not same]
@@ -208,10 +228,11 @@ def _warnings(privacy_report: dict, dataset_size: dict) -> list[str]:
 
 
 def file_input(input, runner, pipeline_args, loss, label_column, feature_columns, batch_rows,
-               read_label: bool = True):
-    """The input files, their feature columns and the aggregator for the chosen runner.
-    ``read_label`` False (private statistics): the label column is only left out of the
-    default features."""
+               read_label: bool = True, categorical: dict | None = None):
+    """The input files, their feature columns, the aggregator for the chosen runner and the
+    categorical encoding (None without categorical columns). ``read_label`` False (private
+    statistics): the label column is only left out of the default features. ``categorical``:
+    ``categorical_columns``, ``hash_buckets``, ``hash_seed`` and ``vocabulary`` as given."""
     patterns = [input] if isinstance(input, str) else list(input)
     files = sorted({f for pattern in patterns for f in data.list_files(pattern)})
     if not files:   # input=[] or "" (list_files of "" matches nothing without an error)
@@ -220,16 +241,22 @@ def file_input(input, runner, pipeline_args, loss, label_column, feature_columns
         open_file = data.open_local
     else:
         from beam_dp.beam.transforms import open_file
+    categorical = dict(categorical or {})
+    named = list(categorical.pop("categorical_columns", None) or ())
     columns = data.resolve_feature_columns(files[0], label_column, feature_columns, open_file,
-                                           require_label=read_label)
+                                           require_label=read_label, categorical=named)
+    encoding = make_encoding(columns, named, **categorical)
+    if encoding is not None:
+        columns = encoding.columns
     read = label_column if read_label else None
     if runner == LOCAL:
         from beam_dp.local import LocalAggregator
-        blocks = data.load_blocks(files, read, columns, loss, batch_rows)
-        return files, columns, LocalAggregator(blocks)
+        blocks = data.load_blocks(files, read, columns, loss, batch_rows, encoding)
+        return files, columns, LocalAggregator(blocks), encoding
     from beam_dp.beam.aggregator import BeamAggregator
     return files, columns, BeamAggregator(files, read, columns, loss, batch_rows,
-                                          ["--runner", runner] + pipeline_args)
+                                          ["--runner", runner] + pipeline_args,
+                                          encoding=encoding), encoding
 
 
 def _feature_names(X, feature_columns, width: int) -> list[str]:
@@ -281,6 +308,12 @@ class Model:
         self.loss, self.theta, _ = report.load_model_dict(artifact)
 
     @property
+    def encoding(self) -> Encoding | None:
+        """How categorical columns become features (None: dense numeric features only)."""
+        spec = self.artifact.get("encoding")
+        return Encoding.from_spec(spec) if spec else None
+
+    @property
     def feature_map(self):
         """The recorded raw-feature map (identity when none). Built on access, not stored: the
         identity is a lambda, and a stored lambda made Models (and fitted estimators) unpicklable."""
@@ -314,7 +347,10 @@ class Model:
         """(m, k) scores of a block of raw features."""
         return losses.scores(self.theta, self.feature_map(block).features)
 
-    def _features(self, X) -> np.ndarray:
+    def _features(self, X):
+        encoding = self.encoding
+        if encoding is not None:
+            return encode_columns(X, encoding)
         if hasattr(X, "columns") and set(self.feature_columns) <= {str(c) for c in X.columns}:
             X = X[self.feature_columns]
         x = data.as_feature_matrix(X)
@@ -325,12 +361,12 @@ class Model:
 
     def decision_function(self, X) -> np.ndarray:
         x = self._features(X)
-        s = self.block_scores(data.Block(x, np.zeros(len(x))))
+        s = self.block_scores(data.Block(x, np.zeros(x.shape[0])))
         return s[:, 0] if s.shape[1] == 1 else s
 
     def predict(self, X) -> np.ndarray:
         x = self._features(X)
-        return self.loss.predict(self.block_scores(data.Block(x, np.zeros(len(x)))))
+        return self.loss.predict(self.block_scores(data.Block(x, np.zeros(x.shape[0]))))
 
     def predict_proba(self, X) -> np.ndarray:
         """Class probabilities, (m, 2) for logistic (columns: class 0, class 1) and (m, K) for
@@ -371,6 +407,31 @@ class Model:
         privacy_path = os.path.join(directory, "privacy_report.json")
         privacy = report.read_json(privacy_path) if os.path.exists(privacy_path) else None
         return cls(artifact, privacy)
+
+
+def encode_columns(X, encoding: Encoding):
+    """CSR features of in-memory columns (a DataFrame, or a dict of column -> values) through a
+    model's encoding: its numeric columns as numbers (checked finite), its categorical ones as
+    text. A value the encoding has not seen takes its hash bucket or its column's "other" id."""
+    import pyarrow as pa
+    try:
+        table = pa.Table.from_pandas(X, preserve_index=False) if hasattr(X, "columns") else pa.table(X)
+    except (TypeError, ValueError, pa.ArrowException):
+        raise ValueError("a model with categorical columns predicts from a DataFrame or a dict "
+                         "of columns") from None
+    missing = [c for c in encoding.columns if c not in table.column_names]
+    if missing:
+        raise ValueError(f"X lacks the model's column(s): {', '.join(missing)}")
+    m = table.num_rows
+    numeric = np.empty((m, len(encoding.numeric)))
+    for j, name in enumerate(encoding.numeric):
+        column = table.column(name)
+        if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)
+                or pa.types.is_null(column.type)):
+            raise ValueError(f"column '{name}' must hold numbers")
+        numeric[:, j] = column.cast(pa.float64(), safe=False).to_numpy()
+    data.check_finite(numeric, "X", 0, list(encoding.numeric))
+    return encoding.encode(numeric, {c: table.column(c) for c in encoding.categorical})
 
 
 def options_of(algorithm: str) -> dict:

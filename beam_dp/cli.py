@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -109,6 +110,18 @@ def _add_run_arguments(parser, audit: bool) -> None:
                     help="comma-separated; default: every column but the label (CSV: by the "
                          "header; Parquet: every numeric column by its declared type)")
     if not audit:
+        io.add_argument("--categorical-columns", type=_columns, default=None,
+                        help="comma-separated string or integer columns, encoded as sparse "
+                             "features (needs --hash-buckets or --vocabulary; algorithm dpgd); "
+                             "never inferred from the cells")
+        io.add_argument("--hash-buckets", type=_positive_int, default=None,
+                        help="feature hashing of the categorical columns into this many columns "
+                             "(public; recorded in model.json)")
+        io.add_argument("--hash-seed", type=int, default=0,
+                        help="the hash's public seed (recorded in model.json)")
+        io.add_argument("--vocabulary", default=None,
+                        help="JSON file: categorical column -> list of its values (public; other "
+                             "values share an 'other' column; stored in model.json)")
         io.add_argument("--validation", default=None,
                         help="glob of validation files for metrics.json (not covered by the "
                              "guarantee)")
@@ -200,7 +213,11 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     make = sub.add_parser("make-data", help="write a synthetic dataset (train and validation shards)",
                           formatter_class=_Formatter)
     make.add_argument("--output", required=True, help="directory to write into")
-    make.add_argument("--task", choices=synthetic.TASKS, default="binary", help="kind of labels")
+    make.add_argument("--task", choices=synthetic.TASKS + ("click-log",), default="binary",
+                      help="kind of labels; click-log: string columns user, item, site (--values "
+                           "each), a number position and a 0/1 label (--d is ignored)")
+    make.add_argument("--values", type=_positive_int, default=1000,
+                      help="distinct values per categorical column of --task click-log")
     make.add_argument("--n", type=_positive_int, default=20000, help="training examples")
     make.add_argument("--d", type=_positive_int, default=20, help="features")
     make.add_argument("--num-classes", type=int, default=3, help="classes for --task multiclass")
@@ -306,7 +323,30 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     predict.add_argument("--overwrite", action="store_true",
                          help="replace an existing predictions file that beam-dp wrote")
     predict.add_argument("--batch-rows", type=_positive_int, default=65536, help="rows per block read")
+    predict.add_argument("--vocabulary", default=None,
+                         help="check that this vocabulary file is the one the model was trained "
+                              "with (the model carries its own copy)")
+    voc = sub.add_parser(
+        "vocabulary", formatter_class=_Formatter,
+        help="release the values of categorical columns privately (for train --vocabulary)",
+        description="Release, for each categorical column, the values that occur in enough rows, "
+                    "by pipeline-dp's partition selection (truncated geometric thresholding): "
+                    "(epsilon, delta)-DP under add/remove of one row, each row contributing one "
+                    "value per column. Writes vocabulary.json (for train --vocabulary) and "
+                    "privacy_report.json. Its budget is its own: a training run on the "
+                    "vocabulary spends more (compose them in a --ledger budget).")
+    voc.add_argument("--input", required=True, nargs="+", action="extend",
+                     help="Parquet or CSV files (globs)")
+    voc.add_argument("--output", required=True, help="directory for vocabulary.json")
+    voc.add_argument("--overwrite", action="store_true",
+                     help="replace an existing --output directory that beam-dp wrote")
+    voc.add_argument("--categorical-columns", type=_columns, required=True, help="comma-separated")
+    voc.add_argument("--epsilon", type=float, required=True, help="budget of the release")
+    voc.add_argument("--delta", type=float, default=1e-6, help="delta of the release")
+    voc.add_argument("--seed", type=int, default=None, help="fixed seed (tests only)")
+    voc.add_argument("--batch-rows", type=_positive_int, default=65536, help="rows per block read")
     parser.command_parsers = {"train": train, "stats": st, "predict": predict, "make-data": make,
+                              "vocabulary": voc,
                               "audit": audit}
     return parser
 
@@ -453,6 +493,8 @@ def _main(argv: list[str]) -> int:
         if args.command == "ledger":
             from beam_dp.ledger import commands
             return commands.run(args)
+        if args.command == "vocabulary":
+            return _vocabulary(args)
         return _predict(args)
     except KeyboardInterrupt:
         return _interrupted(args)
@@ -514,8 +556,22 @@ def _one_line(e: BaseException) -> str:
 
 
 def _make_data(args) -> int:
-    from beam_dp import report, synthetic
+    from beam_dp import data, report, synthetic
 
+    if args.task == "click-log":
+        with report.atomic_directory(args.output, args.overwrite) as tmp:
+            for name, split, rows, shards in (("train", 0, args.n, args.shards),
+                                              ("validation", 1, args.validation_n, 1)):
+                if rows <= 0:
+                    continue
+                table = synthetic.click_log(rows, args.seed, split=split, values=args.values)
+                for i, part in enumerate(np.array_split(np.arange(rows), shards)):
+                    if part.size == 0:
+                        continue
+                    data.write_table(os.path.join(tmp, f"{name}-{i:05d}-of-{shards:05d}.{args.format}"),
+                                     {k: v[int(part[0]):int(part[-1]) + 1] for k, v in table.items()})
+        print(f"wrote {args.n} training and {args.validation_n} validation click-log rows to {args.output}")
+        return 0
     x, y = synthetic.make_dataset(args.task, args.n + args.validation_n, args.d, args.seed,
                                   num_classes=args.num_classes)
     with report.atomic_directory(args.output, args.overwrite) as tmp:
@@ -553,8 +609,8 @@ def _input(args, beam_args: list[str], loss):
     report.check_output_directory(args.output, args.overwrite)
     files = sorted({f for pattern in args.input for f in data.list_files(pattern)})
     report.check_not_inside(args.output, files)
-    _, features, aggregator = api.file_input(files, args.runner, beam_args, loss, args.label_column,
-                                             args.feature_columns, args.batch_rows, read_label=False)
+    _, features, aggregator, _ = api.file_input(files, args.runner, beam_args, loss, args.label_column,
+                                                args.feature_columns, args.batch_rows, read_label=False)
     return features, aggregator
 
 
@@ -829,7 +885,8 @@ def _metrics(args, model, validation_files) -> dict:
 
     open_file = data.open_local if args.runner == "local" else _beam_open_file()
     blocks = (model.feature_map(b) for f in validation_files for b in data.blocks_from_file(
-        f, args.label_column, model.feature_columns, model.loss, args.batch_rows, open_file))
+        f, args.label_column, model.feature_columns, model.loss, args.batch_rows, open_file,
+        model.encoding))
     metrics = report.evaluate(model.loss, model.theta, blocks)
     metrics["covered_by_privacy_guarantee"] = False
     metrics["note"] = "computed on the validation data without noise; not differentially private"
@@ -846,7 +903,9 @@ def _train_model(api, args, beam_args, options, gate=None):
         feature_columns=args.feature_columns, runner=args.runner, pipeline_args=beam_args,
         batch_rows=args.batch_rows, seed=args.seed, steps_per_job=args.steps_per_job,
         checkpoint_dir=args.checkpoint_dir, progress=_progress_callback(),
-        warm_start=args.warm_start, max_jobs=args.max_jobs, budget_gate=gate, **options)
+        warm_start=args.warm_start, max_jobs=args.max_jobs, budget_gate=gate,
+        categorical_columns=args.categorical_columns, hash_buckets=args.hash_buckets,
+        hash_seed=args.hash_seed, vocabulary=args.vocabulary, **options)
 
 
 def _beam_open_file():
@@ -931,6 +990,36 @@ def _stats(args, beam_args: list[str]) -> int:
     return 0
 
 
+def _vocabulary(args) -> int:
+    from beam_dp import accounting, categorical, data, mechanisms, report
+
+    if not (args.epsilon > 0 and math.isfinite(args.epsilon) and 0 < args.delta < 1):
+        raise ValueError("--epsilon must be positive and --delta in (0, 1)")
+    report.check_output_directory(args.output, args.overwrite)
+    files = sorted({f for pattern in args.input for f in data.list_files(pattern)})
+    report.check_not_inside(args.output, files)
+    columns = list(args.categorical_columns)
+    data.check_categorical(files[0], data.read_schema(files[0]), columns)
+    counts = categorical.value_counts(files, columns, data.open_local, args.batch_rows)
+    seed = args.seed if args.seed is not None else mechanisms.secure_seed()
+    vocabulary = categorical.private_vocabulary(counts, args.epsilon, args.delta, seed)
+    ledger = accounting.Ledger("pld", accounting.ADD_REMOVE)
+    ledger.record(categorical.VOCABULARY_RELEASE,
+                  categorical.vocabulary_event(args.epsilon, args.delta), 1,
+                  mechanism="pipeline-dp partition selection (truncated geometric thresholding)",
+                  max_partitions_contributed=len(columns))
+    privacy = _privacy_report(ledger, args.delta, args.seed is not None,
+                              columns={c: len(v) for c, v in vocabulary})
+    with report.atomic_directory(args.output, args.overwrite) as out:
+        _stop_if_interrupted()
+        report.write_json(out, "vocabulary.json", {c: list(v) for c, v in vocabulary})
+        report.write_json(out, "privacy_report.json", privacy)
+    sizes = ", ".join(f"{c}: {len(v)}" for c, v in vocabulary)
+    print(f"released a vocabulary ({sizes} values): epsilon={privacy['epsilon']:.4g}, "
+          f"delta={args.delta:g}; wrote {args.output}")
+    return 0
+
+
 def _predict(args) -> int:
     import pyarrow as pa
 
@@ -938,10 +1027,22 @@ def _predict(args) -> int:
 
     report.check_output_file(args.output, args.overwrite)
     model = api.Model.load(args.model)
+    encoding = model.encoding
+    if args.vocabulary is not None:
+        from beam_dp import categorical
+        if encoding is None or encoding.vocabulary is None:
+            raise ValueError(f"--vocabulary {args.vocabulary}: the model has no vocabulary "
+                             "(it was trained without one)")
+        given = categorical.read_vocabulary(args.vocabulary, encoding.categorical)
+        if categorical.vocabulary_fingerprint(given) != categorical.vocabulary_fingerprint(encoding.vocabulary):
+            raise ValueError(f"--vocabulary {args.vocabulary} is not the vocabulary the model was "
+                             "trained with (their SHA-256 differ); the model's own copy is used "
+                             "without --vocabulary")
     files = sorted({f for pattern in args.input for f in data.list_files(pattern)})
     predictions, probabilities = [], []
     for path in files:
-        for block in data.blocks_from_file(path, None, model.feature_columns, model.loss, args.batch_rows):
+        for block in data.blocks_from_file(path, None, model.feature_columns, model.loss,
+                                           args.batch_rows, encoding=encoding):
             s = model.block_scores(block)
             predictions.append(model.loss.predict(s))
             if model.loss.name == "logistic":

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
+import scipy.sparse as sp
 
 from beam_dp import losses as losses_mod
 
@@ -44,6 +45,9 @@ class DataError(Exception):
 class Block:
     """A batch of m examples: features (m, d) float64, encoded labels (m,), squared feature norms.
 
+    ``features`` is a numpy array, or a scipy CSR matrix for data with categorical columns
+    (``beam_dp.categorical``): only the algorithms that declare ``sparse_input`` take those.
+
     ``sq_norms`` are computed plainly, so they are +inf for a row whose squared norm overflows
     (any entry beyond ~1e154) even though its norm is finite: use ``clipping.row_norms(features,
     sq_norms)`` for norms. The kernels that consume them (``beam_dp.clipping``) recompute such
@@ -61,10 +65,17 @@ class Block:
         if self.sq_norms is None:
             # Overflow to inf is expected (and handled downstream) for huge rows; say nothing.
             with np.errstate(over="ignore", under="ignore"):
-                self.sq_norms = np.einsum("ij,ij->i", self.features, self.features)
+                if sp.issparse(self.features):
+                    self.sq_norms = np.asarray(self.features.multiply(self.features).sum(axis=1)).ravel()
+                else:
+                    self.sq_norms = np.einsum("ij,ij->i", self.features, self.features)
 
     def __len__(self) -> int:
         return int(self.features.shape[0])
+
+    @property
+    def sparse(self) -> bool:
+        return sp.issparse(self.features)
 
     @property
     def key(self) -> int:
@@ -174,14 +185,23 @@ def _csv_header(path: str, f: BinaryIO) -> list[str]:
 
 def resolve_feature_columns(path: str, label_column: str, feature_columns: Sequence[str] | None,
                             opener: Callable[[str], BinaryIO] = open_local,
-                            require_label: bool = True) -> list[str]:
-    """Checks the label and features against the first file's schema. The default features are
-    every column but the label: for CSV every column of the header, for Parquet every column
-    whose declared type is numeric. Never a function of the values."""
+                            require_label: bool = True,
+                            categorical: Sequence[str] = ()) -> list[str]:
+    """Checks the label and features against the first file's schema; returns the numeric
+    feature columns. The default features are every column but the label (and the declared
+    ``categorical`` columns): for CSV every column of the header, for Parquet every column whose
+    declared type is numeric. Never a function of the values."""
     schema = read_schema(path, opener)
     names = set(schema.names)
+    check_categorical(path, schema, categorical)
+    if label_column in categorical:
+        raise DataError(f"the label column '{label_column}' is also listed as categorical")
     if require_label and label_column not in names:
         raise DataError(f"{path}: label column '{label_column}' not found (columns: {', '.join(schema.names)})")
+    both = sorted(set(feature_columns or ()) & set(categorical))
+    if both:
+        raise DataError(f"column(s) {', '.join(both)} are listed as both numeric and categorical "
+                        "(--feature-columns and --categorical-columns)")
     if feature_columns:
         missing = [c for c in feature_columns if c not in names]
         if missing:
@@ -190,14 +210,36 @@ def resolve_feature_columns(path: str, label_column: str, feature_columns: Seque
             raise DataError(f"the label column '{label_column}' is also listed as a feature")
         columns = list(feature_columns)
     else:
-        columns = [f.name for f in schema if f.name != label_column and _numeric(f.type)]
-        if not columns:
+        columns = [f.name for f in schema if f.name != label_column and _numeric(f.type)
+                   and f.name not in categorical]
+        if not columns and not categorical:
             raise DataError(f"{path}: no numeric feature columns besides the label '{label_column}'")
     for name in columns + ([label_column] if require_label else []):
         t = schema.field(name).type
         if not _numeric(t):   # only Parquet declares non-numeric types
             raise DataError(f"{path}: column '{name}' is not numeric (its Parquet type is {t})")
     return columns
+
+
+def check_categorical(path: str, schema: pa.Schema, categorical: Sequence[str]) -> None:
+    """The declared categorical columns exist in ``path``'s schema and can be categorical."""
+    missing = [c for c in categorical if c not in schema.names]
+    if missing:
+        raise DataError(f"{path}: categorical column(s) not found: {', '.join(missing)}")
+    for name in categorical:
+        t = schema.field(name).type
+        # CSV columns have the types they are declared (every cell is text until parsed);
+        # only Parquet declares a type that can refuse.
+        if file_format(path) == "parquet" and not _categorical_type(t):
+            raise DataError(f"{path}: column '{name}' cannot be categorical (its Parquet type is "
+                            f"{t}; string or integer expected)")
+
+
+def _categorical_type(t: pa.DataType) -> bool:
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_integer(t)
+            or pa.types.is_boolean(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t))
 
 
 def _one_line(e: BaseException) -> str:
@@ -229,7 +271,8 @@ class _FirstInvalidRow:
         return "error"
 
 
-def _csv_batches(path: str, f: BinaryIO, columns: list[str]) -> Iterator[pa.RecordBatch]:
+def _csv_batches(path: str, f: BinaryIO, columns: list[str],
+                 text_columns: Sequence[str] = ()) -> Iterator[pa.RecordBatch]:
     """The columns of a CSV file as float64 (null for an empty or NA cell), in batches of about
     16 MiB of text.
 
@@ -250,7 +293,10 @@ def _csv_batches(path: str, f: BinaryIO, columns: list[str]) -> Iterator[pa.Reco
                     convert_options=pa_csv.ConvertOptions(
                         include_columns=columns,
                         column_types={c: pa.string() for c in columns},
-                        strings_can_be_null=True,
+                        # Every cell as text, none null: which texts mean "missing" is decided
+                        # per column kind (``_parse_csv_batch``), so that a categorical value
+                        # "NA" stays a value while an "NA" number is missing.
+                        strings_can_be_null=False,
                         # Bytes that are not UTF-8 fail the number parser, which reports the row.
                         check_utf8=False))
             batch = reader.read_next_batch()
@@ -268,18 +314,19 @@ def _csv_batches(path: str, f: BinaryIO, columns: list[str]) -> Iterator[pa.Reco
             raise DataError(f"{path}: not valid CSV after data row {rows_read}"
                             + (f" (a row does not have the header's {invalid.expected} fields)"
                                if invalid.seen else ""))
-        yield _parse_csv_batch(path, batch, rows_read)
+        yield _parse_csv_batch(path, batch, rows_read, text_columns)
         rows_read += batch.num_rows
 
 
 def _record_batches(path: str, f: BinaryIO, columns: list[str], batch_rows: int,
-                    row_groups: Sequence[int] | None = None) -> Iterator[pa.RecordBatch]:
+                    row_groups: Sequence[int] | None = None,
+                    text_columns: Sequence[str] = ()) -> Iterator[pa.RecordBatch]:
     if file_format(path) == "parquet":
         yield from pq.ParquetFile(f).iter_batches(batch_size=batch_rows, columns=columns,
                                                   row_groups=row_groups)
     else:
         # The CSV reader batches by bytes (block_size), not rows: cut to at most batch_rows.
-        for batch in _csv_batches(path, f, columns):
+        for batch in _csv_batches(path, f, columns, text_columns):
             for offset in range(0, batch.num_rows, batch_rows):
                 yield batch.slice(offset, batch_rows)
 
@@ -309,11 +356,23 @@ def _first_non_number(text: pa.Array) -> int:
     return lo
 
 
-def _parse_csv_batch(path: str, batch: pa.RecordBatch, row_start: int) -> pa.RecordBatch:
-    """A batch of CSV text columns parsed as float64, one vectorized cast per column. A cell that
-    is not a number stops the read, naming the earliest such row (and its column)."""
+_NULL_TOKENS = pa.array(pa_csv.ConvertOptions().null_values, type=pa.string())
+
+
+def _parse_csv_batch(path: str, batch: pa.RecordBatch, row_start: int,
+                     text_columns: Sequence[str] = ()) -> pa.RecordBatch:
+    """A batch of CSV text columns parsed as float64, one vectorized cast per column, except the
+    ``text_columns`` (categorical), kept as text. A cell that is not a number stops the read,
+    naming the earliest such row (and its column)."""
     parsed, refused = [], []
     for name, column in zip(batch.schema.names, batch.columns):
+        if name in text_columns:
+            parsed.append(column)   # an empty cell is missing (``categorical._as_text``)
+            continue
+        # pyarrow's own missing-number tokens ("", "NA", "nan", ...) as nulls, as its CSV
+        # number parser would read them (a null is then reported as missing, by row).
+        column = pc.if_else(pc.is_in(column, value_set=_NULL_TOKENS), pa.scalar(None, pa.string()),
+                            column)
         try:
             parsed.append(_parse_numbers(column))
         except pa.ArrowInvalid:
@@ -405,24 +464,34 @@ def counted_rows(shards: Sequence["Shard"]) -> int | None:
 
 def blocks_from_file(path: str, label_column: str | None, feature_columns: Sequence[str],
                      loss: losses_mod.GlmLoss, batch_rows: int = DEFAULT_BATCH_ROWS,
-                     opener: Callable[[str], BinaryIO] = open_local) -> Iterator[Block]:
+                     opener: Callable[[str], BinaryIO] = open_local,
+                     encoding=None) -> Iterator[Block]:
     """Reads one file into validated Blocks of at most ``batch_rows`` rows, shard by shard (so
     the blocks are those every runner makes of the file)."""
     for shard in plan_shards([path], batch_rows, opener):
-        yield from blocks_from_shard(shard, label_column, feature_columns, loss, batch_rows, opener)
+        yield from blocks_from_shard(shard, label_column, feature_columns, loss, batch_rows, opener,
+                                     encoding)
 
 
 def blocks_from_shard(shard: Shard, label_column: str | None, feature_columns: Sequence[str],
                       loss: losses_mod.GlmLoss, batch_rows: int = DEFAULT_BATCH_ROWS,
-                      opener: Callable[[str], BinaryIO] = open_local) -> Iterator[Block]:
+                      opener: Callable[[str], BinaryIO] = open_local,
+                      encoding=None) -> Iterator[Block]:
     """Reads one shard into validated Blocks of at most ``batch_rows`` rows.
 
-    ``label_column`` None reads features only (for prediction); the labels are then zeros.
+    With an ``encoding`` (``beam_dp.categorical.Encoding``) the features are its numeric
+    columns then its categorical ones, encoded into a CSR matrix; ``feature_columns`` is then
+    ``encoding.columns``. ``label_column`` None reads features only (for prediction); the labels
+    are then zeros.
     Raises DataError naming the file (and the 1-based data row, header excluded, and the column)
     on a missing column, a cell that is not a number, a CSV row with the wrong number of fields,
     a missing or non-finite value, or a label the model cannot use. No message holds a value.
     """
     path = shard.path
+    if encoding is not None:
+        feature_columns = encoding.columns
+    numeric = list(encoding.numeric) if encoding is not None else list(feature_columns)
+    text = tuple(encoding.categorical) if encoding is not None else ()
     columns = list(feature_columns) + ([label_column] if label_column is not None else [])
     row_start = shard.row_start
     failure = None
@@ -430,13 +499,16 @@ def blocks_from_shard(shard: Shard, label_column: str | None, feature_columns: S
         return   # a Parquet file without row groups: no rows
     try:
         with opener(path) as f:
-            for batch in _record_batches(path, f, columns, batch_rows, shard.row_groups):
+            for batch in _record_batches(path, f, columns, batch_rows, shard.row_groups, text):
                 m = batch.num_rows
                 if m == 0:
                     continue
-                features = np.empty((m, len(feature_columns)), dtype=np.float64)
-                for j, name in enumerate(feature_columns):
+                features = np.empty((m, len(numeric)), dtype=np.float64)
+                for j, name in enumerate(numeric):
                     features[:, j] = _column_as_float(path, batch, name)
+                if encoding is not None:
+                    check_finite(features, path, row_start, numeric)
+                    features = _encoded(encoding, features, batch, path)
                 labels = (_column_as_float(path, batch, label_column)
                           if label_column is not None else None)
                 yield validated_block(features, labels, loss, path, row_start, feature_columns,
@@ -453,10 +525,21 @@ def blocks_from_shard(shard: Shard, label_column: str | None, feature_columns: S
     raise DataError(failure or _missing_columns(path, columns, opener))
 
 
+def _encoded(encoding, numeric: np.ndarray, batch: pa.RecordBatch, path: str):
+    from beam_dp.categorical import EncodingError
+    try:
+        return encoding.encode(numeric, {c: batch.column(c) for c in encoding.categorical})
+    except EncodingError as e:
+        failure = f"{path}: {e}"
+    raise DataError(failure)
+
+
 def load_blocks(files: Sequence[str], label_column: str | None, feature_columns: Sequence[str],
-                loss: losses_mod.GlmLoss, batch_rows: int = DEFAULT_BATCH_ROWS) -> list[Block]:
+                loss: losses_mod.GlmLoss, batch_rows: int = DEFAULT_BATCH_ROWS,
+                encoding=None) -> list[Block]:
     blocks = [b for shard in plan_shards(files, batch_rows)
-              for b in blocks_from_shard(shard, label_column, feature_columns, loss, batch_rows)]
+              for b in blocks_from_shard(shard, label_column, feature_columns, loss, batch_rows,
+                                         encoding=encoding)]
     if not blocks:
         raise DataError(f"{', '.join(files)}: the input has no rows")
     return blocks
@@ -494,9 +577,10 @@ def validated_block(features: np.ndarray, raw_labels: np.ndarray | None, loss: l
     """A Block after the checks every input gets, from files or arrays alike: finite features
     and labels the model can use (None: features only, labels zero, for prediction). Errors
     name the source, the 1-based row and the column, never the value."""
-    check_finite(features, source, row_start, feature_names)
+    if not sp.issparse(features):   # (encoded rows: their numeric columns were checked)
+        check_finite(features, source, row_start, feature_names)
     if raw_labels is None:
-        return Block(features, np.zeros(len(features)), source, row_start)
+        return Block(features, np.zeros(features.shape[0]), source, row_start)
     try:
         labels = loss.encode_labels(raw_labels)
     except losses_mod.LabelError as e:

@@ -9,6 +9,7 @@ norm is ``||derivative|| * ||(x, 1)||``: that is what makes clipping a per-row s
 from __future__ import annotations
 
 import numpy as np
+import scipy.sparse as sp
 from scipy.special import expit, log_expit, logsumexp, softmax
 
 
@@ -239,6 +240,10 @@ def scores(theta: np.ndarray, features: np.ndarray) -> np.ndarray:
     near 1e300, say) the score is +-inf with the right sign, not the inf - inf = NaN that a plain
     product can give when two huge terms have opposite signs.
     """
+    if sp.issparse(features):
+        u, e = split_sparse_rows(features)
+        with _extremes_ok():
+            return np.ldexp(np.asarray(u @ theta[:, :-1].T), e[:, None]) + theta[:, -1]
     with _extremes_ok():
         out = features @ theta[:, :-1].T + theta[:, -1]
         bad = ~np.isfinite(out).all(axis=1)
@@ -251,3 +256,24 @@ def scores(theta: np.ndarray, features: np.ndarray) -> np.ndarray:
             u = np.ldexp(x, -e[:, None])
             out[bad] = np.ldexp(u @ theta[:, :-1].T, e[:, None]) + theta[:, -1]
     return out
+
+
+def split_sparse_rows(x, floor: float = 0.0):
+    """A CSR matrix's rows written exactly as ``u * 2^e``: ``u`` (CSR, same pattern) with
+    entries in [-1, 1], ``e`` (m,) ints, so that no product of ``u`` overflows or loses a row to
+    underflow, whatever the values. ``floor``: the scale never goes below it (an intercept's 1
+    keeps 2^e >= 1, so its own entry ``2^-e`` stays <= 1 too)."""
+    x = sp.csr_matrix(x)
+    counts = np.diff(x.indptr)
+    top = np.full(x.shape[0], float(floor))
+    nonempty = counts > 0
+    if nonempty.any():
+        top[nonempty] = np.maximum(top[nonempty],
+                                   np.maximum.reduceat(np.abs(x.data), x.indptr[:-1][nonempty]))
+    # 2^e >= top: frexp gives top = f 2^e with f in [0.5, 1); an empty row gets e = 0.
+    e = np.frexp(np.where(top > 0, top, 1.0))[1].astype(np.int64)
+    e[top == 0] = 0
+    with _extremes_ok():   # a subnormal entry of a large row underflows to 0: expected, silent
+        data = np.ldexp(x.data, -np.repeat(e, counts))
+    u = sp.csr_matrix((data, x.indices, x.indptr), shape=x.shape)
+    return u, e

@@ -25,7 +25,7 @@ TRUST_MODEL = (
 
 def model_artifact(loss: losses_mod.GlmLoss, theta: np.ndarray, feature_columns, label_column,
                    algorithm: str, fit_intercept: bool, feature_transform: dict | None = None,
-                   constraint: dict | None = None) -> dict:
+                   constraint: dict | None = None, encoding: dict | None = None) -> dict:
     single = loss.outputs() == 1
     artifact = {
         "format_version": 1,
@@ -37,6 +37,8 @@ def model_artifact(loss: losses_mod.GlmLoss, theta: np.ndarray, feature_columns,
         "coefficients": theta[0, :-1].tolist() if single else theta[:, :-1].tolist(),
         "intercept": float(theta[0, -1]) if single else theta[:, -1].tolist(),
     }
+    if encoding:   # public: how the raw columns became the coefficients' columns
+        artifact["encoding"] = encoding
     if feature_transform:
         artifact["feature_transform"] = feature_transform
     if constraint:   # public: the set the coefficients were constrained to (the intercept is free)

@@ -941,3 +941,44 @@ def sparse_mean_release(total: np.ndarray, n: int, variant: str, lipschitz: floa
     if project:
         noisy = geometry.project_l1_ball(noisy, lipschitz * math.sqrt(sparsity))
     return noisy, float(np.max(np.abs(noise)))
+
+
+# ----------------------------------------------------- categorical column counts (sparse blocks)
+
+@dataclasses.dataclass(frozen=True)
+class ColumnCountStage:
+    """Gaussian counts of the rows having a nonzero in each of the columns [first, dim) of CSR
+    blocks (the categorical columns of ``beam_dp.categorical``): a row counts at most once per
+    column and is in at most ``per_row`` of them (one per categorical column), so the counts'
+    l2 sensitivity under add/remove is sqrt(per_row); Gaussian noise of std noise_multiplier
+    sqrt(per_row) per column. Writes ``state[key]`` (dim - first,). O(nnz) per block."""
+
+    key: str
+    first: int
+    dim: int
+    per_row: int
+    noise_multiplier: float
+    seed: int
+    stream: tuple = (0,)
+
+    @property
+    def shape(self):
+        return (self.dim - self.first,)
+
+    def partial_sum(self, block, state):
+        x = block.features
+        # One stored entry per (row, column) (the encoder sums duplicate entries), and the
+        # categorical entries are >= 1: the entry's presence is the row's membership.
+        columns = x.indices[x.indices >= self.first] - self.first
+        return np.bincount(columns, minlength=self.dim - self.first).astype(np.float64)
+
+    def apply(self, state, total):
+        noise = mechanisms.gaussian_noise(_rng(self), total.shape,
+                                          self.noise_multiplier * math.sqrt(self.per_row))
+        return {**state, self.key: total + noise}
+
+    def releases(self):
+        return [("gaussian_column_counts", events.GaussianDpEvent(self.noise_multiplier), 1,
+                 {"noise_multiplier": self.noise_multiplier,
+                  "sensitivity": f"sqrt({self.per_row}) (one count per categorical column)",
+                  "columns": self.dim - self.first})]

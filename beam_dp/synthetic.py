@@ -48,3 +48,37 @@ def write_shards(directory: str, prefix: str, x: np.ndarray, y: np.ndarray, shar
         write_table(path, columns)
         paths.append(path)
     return paths
+
+
+CLICK_COLUMNS = ("user", "item", "site")
+
+
+def click_log(n: int, seed: int, split: int = 0, values: int = 100_000, zipf: float = 1.1,
+              columns: tuple = CLICK_COLUMNS) -> dict:
+    """A synthetic click log: ``columns`` categorical columns of ``values`` distinct strings
+    each, drawn with Zipf-like popularity (probability of the r-th most popular value
+    proportional to r^-``zipf``; ids are shuffled, so popularity is not in the name), one
+    numeric column ``position`` in [0, 1], and a 0/1 ``label`` from a logistic model with one
+    N(0, 1) weight per value. The model (names, popularity, weights) comes from ``seed``; the
+    rows from (``seed``, ``split``), so a test split is new rows of the same model. Columns are
+    Arrow arrays: the strings are dictionary-decoded views of one vocabulary per column, never
+    built row by row."""
+    import pyarrow as pa
+
+    model = np.random.default_rng(seed)
+    rows = np.random.default_rng([seed, split, 1])
+    popularity = np.arange(1, values + 1, dtype=np.float64) ** -zipf
+    popularity /= popularity.sum()
+    logit = np.full(n, -0.5)
+    out = {}
+    for name in columns:
+        names = pa.array([f"{name}-{i:06d}" for i in model.permutation(values)])
+        weights = model.standard_normal(values)
+        ids = rows.choice(values, size=n, p=popularity)
+        logit += weights[ids]
+        out[name] = pa.DictionaryArray.from_arrays(pa.array(ids.astype(np.int32)), names).dictionary_decode()
+    position = rows.random(n)
+    logit += 1.5 - 3.0 * position
+    out["position"] = position
+    out["label"] = (rows.random(n) < expit(logit)).astype(np.int64)
+    return out

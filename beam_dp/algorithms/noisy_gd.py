@@ -26,7 +26,7 @@ from typing import Callable
 import numpy as np
 from dp_accounting import dp_event as events
 
-from beam_dp import accounting, clipping, features, mechanisms
+from beam_dp import accounting, clipping, features, mechanisms, stats
 from beam_dp.algorithms.base import (Aggregator, TrainState, load_checkpoint, run_chunks,
                                      save_checkpoint)
 from beam_dp.algorithms.registry import Algorithm, Problem, option
@@ -114,6 +114,7 @@ class NoisyGradientStep:
     noise: str = "float"   # "secure": exact integer sums + discrete Gaussian; "float": numpy's
     # (first step, the noise keys of steps first, first + 1, ...): what a job's copy holds.
     noise_keys: tuple | None = None
+    step_scale: "ColumnStepScale | None" = None   # per-coordinate step sizes (public)
 
     def for_steps(self, first: int, count: int) -> "NoisyGradientStep":
         """The step for a job running steps first .. first + count - 1: the root seed replaced by
@@ -204,8 +205,47 @@ class NoisyGradientStep:
             if not self.fit_intercept:
                 noise[:, -1] = 0.0
             noisy = total + noise
-        theta = state.theta - self.learning_rate * noisy / self.normalizer
+        update = noisy / self.normalizer
+        if self.step_scale is not None:
+            update = self.step_scale(update)
+        theta = state.theta - self.learning_rate * update
         return TrainState(theta, state.theta_sum + theta, state.step + 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class ColumnStepScale:
+    """A diagonal preconditioner for categorical columns (``--precondition counts``): the
+    update of column ``first + j`` is multiplied by n / max(c_j, floor), c_j the column's
+    private count, the rest (numeric columns, intercept) by 1.
+
+    Why: a one-hot column used by a fraction f of the rows has curvature about f / 4 in the mean
+    logistic loss, so plain gradient descent moves it f times slower than a dense column, and in
+    100 steps learns nothing of the values below a few percent of the rows. Scaled by n / c the
+    columns move alike. The scale is a function of released counts and public constants only
+    (post-processing): the noisy sums are the same, only the step differs; it amplifies a
+    column's noise by at most n / floor, which is why there is a floor (``PRECONDITION_NOISE_WALK``).
+    Stored compactly (the columns above the floor; the others share ``default``), since the
+    step travels in every Beam job's graph."""
+
+    first: int
+    default: float
+    columns: tuple
+    scales: tuple
+
+    def __call__(self, update: np.ndarray) -> np.ndarray:
+        out = np.array(update, dtype=np.float64)
+        d = out.shape[1] - 1
+        out[:, self.first:d] *= self.default
+        if self.columns:
+            idx = self.first + np.asarray(self.columns, dtype=np.int64)
+            out[:, idx] *= np.asarray(self.scales) / self.default
+        return out
+
+
+# The floor of the scaled counts: the preconditioned noise's random walk over the run,
+# learning_rate * sigma * C * sqrt(T) / floor, stays below this in every column (the scale of a
+# coefficient that matters for a one-hot column is about 1).
+PRECONDITION_NOISE_WALK = 0.1
 
 
 @dataclasses.dataclass
@@ -446,7 +486,8 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
           make_transform: Callable[[dict], Callable] | None = None,
           clip_norm_from: Callable[[dict], float] | None = None,
           checkpoint_key: dict | None = None,
-          initial_theta: np.ndarray | None = None) -> TrainResult:
+          initial_theta: np.ndarray | None = None,
+          make_step_scale: Callable[[dict, dict], "ColumnStepScale"] | None = None) -> TrainResult:
     """Trains a GLM with DP-SGD or DP-GD over ``dim`` model features, from ``initial_theta``
     (a released model's coefficients: public) or zeros.
 
@@ -519,7 +560,8 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
         sampler=PoissonSampler(q, sampling_seed(seed)), seed=seed, shape=state.theta.shape,
         fit_intercept=config.fit_intercept,
         transform=make_transform(plan["preprocessing"]) if make_transform else None,
-        noise=noise)
+        noise=noise,
+        step_scale=make_step_scale(plan["preprocessing"], plan) if make_step_scale else None)
 
     def after_chunk(new_state: TrainState, k: int) -> None:
         ledger.record(_step_release_name(q), step_event, count=k, **step_params)
@@ -617,9 +659,19 @@ class DpgdOptions:
     rank: int | None = option(None, "public bound on the rank of the features, which sets the "
                                     "default steps (paper 002); default d + 1", low=1)
     max_steps: int = option(100, "cap on the default number of steps", low=1)
-    average_iterates: bool = option(True, "output the average of the iterates (paper 002) rather "
-                                          "than the last")
+    average_iterates: bool | None = option(
+        None, "output the average of the iterates (paper 002) rather than the last; default on, "
+              "except with --precondition counts, whose scaled steps converge in a few dozen "
+              "steps and whose average would keep part of the way from zero (measured on the "
+              "click-log benchmark: accuracy 0.729 averaged, 0.743 last)")
     feature_norm: float | None = _FEATURE_NORM
+    precondition: str = option("auto", "categorical columns' steps scaled by n / (their private "
+                                       "count): 'counts', 'none', or 'auto' (counts with "
+                                       "--categorical-columns and --epsilon)",
+                               choices=("auto", "counts", "none"))
+    precondition_epsilon: float | None = option(
+        None, "share of epsilon spent on the column counts of --precondition counts; default "
+              "10% of epsilon", low=0, low_open=True)
 
 
 @dataclasses.dataclass
@@ -648,14 +700,79 @@ def core_config(name: str, options, problem: Problem, exclude=(), secure: bool =
 
 
 def _train_noisy(name: str, options, problem: Problem, aggregator, seed: int, ledger, progress):
-    config = core_config(name, options, problem, exclude=("feature_norm",), secure=True)
+    # Sparse (categorical) input: float noise, since the exact sums quantize dense rows.
+    config = core_config(name, options, problem, exclude=("feature_norm",), secure=not problem.sparse)
+    if problem.sparse and options.feature_norm:
+        raise ValueError("--feature-norm needs dense features; categorical rows have one 1 per "
+                         "column, so scale the numeric columns instead")
     normalize = features.NormalizeRows(options.feature_norm) if options.feature_norm else None
+    preprocess = make_step_scale = None
+    if _preconditioned(options, problem):
+        preprocess, make_step_scale = _column_counts(options, problem, aggregator, seed, ledger)
+        if options.average_iterates is None:
+            config = dataclasses.replace(config, average_iterates=False)
     result = train(config, problem.loss, problem.dim, aggregator, seed, ledger, progress,
-                   problem.checkpoint_dir,
+                   problem.checkpoint_dir, preprocess=preprocess,
                    make_transform=(lambda pre: normalize) if normalize else None,
                    checkpoint_key={"input": problem.source, "seed_fixed": problem.seed_fixed},
-                   initial_theta=problem.initial_theta)
+                   initial_theta=problem.initial_theta, make_step_scale=make_step_scale)
     return dataclasses.replace(result, feature_transform=features.spec(normalize))
+
+
+def _preconditioned(options, problem: Problem) -> bool:
+    choice = getattr(options, "precondition", "none")
+    if choice == "counts" and not problem.sparse:
+        raise ValueError("--precondition counts scales categorical columns: it needs "
+                         "--categorical-columns")
+    if choice == "counts" and problem.privacy.epsilon is None and options.precondition_epsilon is None:
+        raise ValueError("--precondition counts with --noise-multiplier needs "
+                         "--precondition-epsilon (the counts' budget)")
+    return choice == "counts" or (choice == "auto" and problem.sparse
+                                  and problem.privacy.epsilon is not None)
+
+
+def _column_counts(options, problem: Problem, aggregator, seed: int, ledger):
+    """The private column counts of ``--precondition counts`` (one Gaussian release, its share
+    of epsilon) and the step scale made from them once the plan is known."""
+    epsilon = problem.privacy.epsilon
+    count_epsilon = options.precondition_epsilon or 0.1 * epsilon
+    if epsilon is not None and count_epsilon >= epsilon:
+        raise ValueError("--precondition-epsilon is a share of --epsilon: it must be smaller")
+    categorical = problem.source.get("encoding", {})
+    first = len(categorical.get("numeric_columns", ()))
+    per_row = len(categorical.get("categorical_columns", ())) or 1
+    multiplier = stats.gaussian_noise_multiplier(count_epsilon, problem.privacy.delta)
+    noise_std = multiplier * math.sqrt(per_row)
+
+    def preprocess(n: int) -> dict:
+        stage = stats.ColumnCountStage("column_counts", first, problem.dim, per_row, multiplier,
+                                       stats.stages_seed(seed), (_COUNTS_STREAM,))
+        stats.record_releases([stage], ledger)
+        counts = aggregator.run_stages([stage], {"n": n})["column_counts"]
+        # Only the columns clearly above the noise are kept (the rest get the floor anyway):
+        # a public threshold, so the plan stays small.
+        keep = np.flatnonzero(counts > KEEP_COUNT_NOISE * noise_std)
+        return {"column_counts": {"first": first, "columns": keep.tolist(),
+                                  "counts": counts[keep].tolist(), "epsilon": count_epsilon,
+                                  "noise_multiplier": multiplier}}
+
+    def make_step_scale(pre: dict, plan: dict) -> ColumnStepScale:
+        counts = pre["column_counts"]
+        n = float(plan["normalizer"])
+        walk = (options.learning_rate * plan["noise_multiplier"] * options.clip_norm
+                * math.sqrt(plan["steps"]))
+        floor = max(walk / PRECONDITION_NOISE_WALK, KEEP_COUNT_NOISE * noise_std, 1.0)
+        values = np.asarray(counts["counts"], dtype=np.float64)
+        above = values > floor
+        columns = np.asarray(counts["columns"], dtype=np.int64)[above]
+        return ColumnStepScale(counts["first"], n / floor, tuple(columns.tolist()),
+                               tuple((n / values[above]).tolist()))
+
+    return preprocess, make_step_scale
+
+
+_COUNTS_STREAM = 7
+KEEP_COUNT_NOISE = 4.0   # counts kept in the plan: above 4 standard deviations of their noise
 
 
 def _train_dpgd(options, problem, aggregator, seed, ledger, progress):
@@ -669,7 +786,7 @@ def _train_dpsgd(options, problem, aggregator, seed, ledger, progress):
 DPGD = Algorithm(
     "dpgd", "classification or regression on up to a few million rows: full-batch noisy "
             "gradient descent; accurate at small epsilon, each step reads all the data",
-    MODEL_NAMES, DpgdOptions, _train_dpgd, warm_start=True, secure_noise=True)
+    MODEL_NAMES, DpgdOptions, _train_dpgd, warm_start=True, secure_noise=True, sparse_input=True)
 DPSGD = Algorithm(
     "dpsgd", "large data where a full pass per step is too slow: Poisson-sampled mini-batches, "
              "each step reads only its batch; needs more tuning than dpgd",

@@ -184,6 +184,9 @@ class Problem:
     # A previous released model's coefficients to start from (--warm-start): post-processing of
     # an earlier release, public; None: zeros.
     initial_theta: "np.ndarray | None" = None
+    # Categorical columns encoded into CSR blocks (``beam_dp.categorical``): a public fact of the
+    # request (the declared columns), never of the values.
+    sparse: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,6 +202,7 @@ class Algorithm:
     warm_start: bool = False      # supports --warm-start (starts from a released model)
     no_intercept: bool = True     # can fit a model without an intercept
     secure_noise: bool = False    # every release: integer noise on exact sums (--noise secure)
+    sparse_input: bool = False    # takes CSR blocks (categorical columns), never densifying them
 
     def check(self, problem: Problem) -> None:
         """Refuses a problem this algorithm cannot solve, with a message naming the choice."""
@@ -210,6 +214,14 @@ class Algorithm:
                              f"({self.why_no_checkpoints})")
         if not problem.fit_intercept and not self.no_intercept:
             raise ValueError(f"{self.name} always fits an intercept; drop --no-intercept")
+        if problem.sparse and not self.sparse_input:
+            takers = ", ".join(a.name for a in algorithms().values() if a.sparse_input)
+            raise ValueError(f"{self.name} needs dense features; with --categorical-columns use "
+                             f"one of: {takers}")
+        if problem.sparse and problem.privacy.noise == "secure":
+            raise ValueError("secure noise needs dense features (its exact sums quantize dense "
+                             "rows); with --categorical-columns use --noise float (the default "
+                             "then)")
         if problem.privacy.noise == "secure" and not self.secure_noise:
             raise ValueError(f"{self.name} has no secure noise yet (its releases add numpy's float "
                              "noise); use --noise float")

@@ -40,7 +40,7 @@ from beam_dp.algorithms.base import JobLimitReached, Stage
 from beam_dp.beam.batches import WriteStepBatches
 from beam_dp.beam.cache import ShardCache
 from beam_dp.beam.transforms import (FILE_OPENS, METRICS_NAMESPACE, ReadShards, RunStages,
-                                     ShardReader, open_file)
+                                     ShardReader, StateFile, _position, open_file)
 from beam_dp.data import DataError
 
 # Dataflow refuses a job whose graph is over 10 MB; steps per job are chosen so that the
@@ -50,6 +50,14 @@ JOB_GRAPH_BUDGET = JOB_GRAPH_LIMIT // 2
 # ... and at most this many steps per job: long unrolled graphs cost the runner time to plan
 # (measured with pipelines/benchmark.py; see MAX_STEPS_PER_JOB in the README's cluster section).
 MAX_STEPS_PER_JOB = 200
+# ... and at most as many steps as keep a job's states and sums within this many bytes: each step
+# carries the state (the model and its running sum) and a sum per bundle, which a runner may hold
+# until the job ends (an in-process FnApiRunner holds them all: with 2^20 categorical columns,
+# 100 steps in one job, each bundle carrying the state, held 6.9 GB in the driver and 5 GB in
+# each of two workers).
+JOB_MEMORY_BUDGET = 512 << 20
+# A state larger than this goes to the job in a file, not in its graph (``StateFile``).
+STATE_IN_GRAPH_BYTES = 1 << 20
 # Runners whose workers share this machine's file system: the system temp directory serves as
 # the temp location. Any other runner needs a --temp_location that the driver and the workers
 # can both reach (workers elsewhere would write the mini-batches where the driver cannot read).
@@ -143,6 +151,12 @@ class BatchFiles(batches.FileBatches):
         return False
 
 
+def _state_bytes(state) -> int:
+    """The bytes of the arrays in a stage's state (a TrainState, or a statistics dict)."""
+    values = state.values() if isinstance(state, dict) else vars(state).values() if state is not None else ()
+    return sum(v.nbytes for v in values if isinstance(v, np.ndarray))
+
+
 class BeamAggregator:
     """``pipeline_args`` are Beam's own flags (``--runner``, ``--project``, ...), passed through;
     ``make_runner``, if given, makes the runner object of each job instead (e.g. an FnApiRunner
@@ -151,11 +165,11 @@ class BeamAggregator:
 
     def __init__(self, files, label_column, feature_columns, loss, batch_rows,
                  pipeline_args: list[str], work_dir: str | None = None,
-                 make_runner: Callable[[], object] | None = None):
+                 make_runner: Callable[[], object] | None = None, encoding=None):
         _quiet_worker_input_errors()
         self.files = list(files)
-        self.dim = len(feature_columns)
-        self.reader = ShardReader(label_column, feature_columns, loss, batch_rows)
+        self.dim = encoding.dim if encoding is not None else len(feature_columns)
+        self.reader = ShardReader(label_column, feature_columns, loss, batch_rows, encoding)
         self.shards = data.plan_shards(self.files, batch_rows, open_file)
         self.cache = Shared()   # the handle of this run's worker caches
         self.pipeline_args = list(pipeline_args)
@@ -207,7 +221,8 @@ class BeamAggregator:
     def stages_pipeline(self, stages: Sequence[Stage], state, path: str) -> beam.Pipeline:
         p = self._pipeline()
         (p | "ReadShards" >> ReadShards(self.shards)
-           | "Stages" >> RunStages(stages, state, self.reader, self.cache)
+           | "Stages" >> RunStages(stages, state, self.reader, self.cache,
+                                   min(_position(s) for s in self.shards) if self.shards else None)
            | "SaveState" >> beam.Map(_write_pickle, path))
         return p
 
@@ -264,7 +279,16 @@ class BeamAggregator:
 
     def run_stages(self, stages: Sequence[Stage], state):
         path = self._path("state")
-        self._run("stages", self.stages_pipeline(stages, state, path), steps=len(stages))
+        initial = state
+        if _state_bytes(state) > STATE_IN_GRAPH_BYTES:
+            initial = StateFile(self._path("initial-state"))
+            _write_pickle(state, initial.path)
+        try:
+            self._run("stages", self.stages_pipeline(stages, initial, path), steps=len(stages))
+        finally:
+            if initial is not state:
+                with contextlib.suppress(Exception):   # (a job that failed early never read it)
+                    FileSystems.delete([initial.path])
         return _take_pickle(path)
 
     def steps_per_job(self, stage: Stage, remaining: int, state=None) -> int:
@@ -272,12 +296,17 @@ class BeamAggregator:
         the serialized size of a 1- and a 2-step pipeline), at most MAX_STEPS_PER_JOB."""
         known = self._steps_per_job.get(id(stage))
         if known is None or known[0] is not stage:   # (the stage is kept: its id stays its own)
-            probes = [self.stages_pipeline([stage] * k, state, "unused") for k in (1, 2)]
+            initial = StateFile("unused") if _state_bytes(state) > STATE_IN_GRAPH_BYTES else state
+            probes = [self.stages_pipeline([stage] * k, initial, "unused") for k in (1, 2)]
             one, two = (self.graph_bytes(p) for p in probes)
             for p in probes:   # never run, so Beam would not remove their temp directories
                 shutil.rmtree(p.local_tempdir, ignore_errors=True)
             per_step = max(1, two - one)
             fits = (JOB_GRAPH_BUDGET - (one - per_step)) // per_step
+            # a sum per bundle (at most one per shard) and a few copies of the state per step
+            held = ((len(self.shards) + 2) * 8 * int(np.prod(stage.shape))
+                    + 3 * _state_bytes(state))
+            fits = min(fits, JOB_MEMORY_BUDGET // max(1, held))
             known = self._steps_per_job[id(stage)] = (stage, int(max(1, min(MAX_STEPS_PER_JOB, fits))))
         return min(known[1], max(1, remaining))
 

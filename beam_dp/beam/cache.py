@@ -24,7 +24,13 @@ def default_budget_bytes() -> int:
 
 
 def _block_bytes(blocks: list[Block]) -> int:
-    return sum(b.features.nbytes + b.labels.nbytes + b.sq_norms.nbytes for b in blocks)
+    return sum(_features_bytes(b.features) + b.labels.nbytes + b.sq_norms.nbytes for b in blocks)
+
+
+def _features_bytes(features) -> int:
+    if hasattr(features, "indptr"):   # a CSR matrix (categorical columns)
+        return features.data.nbytes + features.indices.nbytes + features.indptr.nbytes
+    return features.nbytes
 
 
 class ShardCache:

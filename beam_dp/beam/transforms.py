@@ -36,12 +36,13 @@ class ShardReader:
     file opens in a Beam metric."""
 
     def __init__(self, label_column: str | None, feature_columns: Sequence[str], loss: GlmLoss,
-                 batch_rows: int = data.DEFAULT_BATCH_ROWS):
+                 batch_rows: int = data.DEFAULT_BATCH_ROWS, encoding=None):
         self.args = (label_column, list(feature_columns), loss, batch_rows)
+        self.encoding = encoding
 
     def __call__(self, shard: data.Shard) -> list[data.Block]:
         Metrics.counter(METRICS_NAMESPACE, FILE_OPENS).inc()
-        return list(data.blocks_from_shard(shard, *self.args, open_file))
+        return list(data.blocks_from_shard(shard, *self.args, open_file, self.encoding))
 
 
 class ReadShards(beam.PTransform):
@@ -94,10 +95,16 @@ class _Step(beam.DoFn):
     def __dir__(self):
         return ["finish_bundle", "process", "setup", "start_bundle"]
 
-    def __init__(self, stage, previous, reader: ShardReader | None, cache: Shared | None):
+    def __init__(self, stage, previous, reader: ShardReader | None, cache: Shared | None,
+                 first_position: tuple | None = None):
         self.stage, self.previous = stage, previous
         self.reader, self.cache_handle = reader, cache
         self.cache = None
+        # The position of the job's first input, if known: only the bundle holding it sends the
+        # state on (``_state_after`` reads the state of the first bundle only), the others None,
+        # so a step moves one copy of the model rather than one per bundle (16 MB each at 2^20
+        # categorical columns).
+        self.first_position = first_position
 
     def setup(self):
         if self.cache_handle is not None:
@@ -120,11 +127,28 @@ class _Step(beam.DoFn):
     def finish_bundle(self):
         if self.state is not _UNSET:
             total = self.total if self.total is not None else zero_sum(self.stage)
-            yield WindowedValue((self.first, self.state, total), MIN_TIMESTAMP, [GlobalWindow()])
+            carries = self.first_position is None or self.first == self.first_position
+            yield WindowedValue((self.first, self.state if carries else None, total),
+                                MIN_TIMESTAMP, [GlobalWindow()])
 
 
 def _final_state(_, stage, outputs):
     return _state_after(stage, outputs)
+
+
+class StateFile:
+    """An initial state the job reads from a file (written by the driver under the temp
+    location) instead of carrying it in its graph: a model of 2^20 categorical columns is 16 MB
+    with its running sum, beyond what a graph should hold (Dataflow refuses graphs over 10 MB)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+
+def _initial_from_file(path: str):
+    import pickle
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        return ((), pickle.loads(f.read()), None)
 
 
 class RunStages(beam.PTransform):
@@ -136,18 +160,24 @@ class RunStages(beam.PTransform):
     and ~60 ms of the in-process runner's overhead."""
 
     def __init__(self, stages, initial_state, reader: ShardReader | None = None,
-                 cache: Shared | None = None):
+                 cache: Shared | None = None, first_position: tuple | None = None):
         super().__init__()
         self.stages = list(stages)
         self.initial_state = initial_state
         self.reader, self.cache = reader, cache
+        self.first_position = first_position   # of the inputs (``_position``), if known
 
     def expand(self, inputs):
-        outputs = inputs.pipeline | "InitialState" >> beam.Create([((), self.initial_state, None)])
+        if isinstance(self.initial_state, StateFile):
+            outputs = (inputs.pipeline | "InitialStateFile" >> beam.Create([self.initial_state.path])
+                       | "ReadInitialState" >> beam.Map(_initial_from_file))
+        else:
+            outputs = inputs.pipeline | "InitialState" >> beam.Create([((), self.initial_state, None)])
         previous = None
         for i, stage in enumerate(self.stages):
             outputs = inputs | f"Step{i}" >> beam.ParDo(
-                _Step(stage, previous, self.reader, self.cache), beam.pvalue.AsList(outputs))
+                _Step(stage, previous, self.reader, self.cache, self.first_position),
+                beam.pvalue.AsList(outputs))
             previous = stage
         return (inputs.pipeline
                 | "Last" >> beam.Create([None])

@@ -1,0 +1,350 @@
+"""Categorical columns as sparse features: a public encoding from raw values to column ids.
+
+A categorical column (string or integer, declared by ``--categorical-columns``: never inferred
+from the cells) becomes one nonzero (a 1) per row, in a column chosen by a public map:
+
+* **feature hashing** (``--hash-buckets B``): the value's text, hashed with a public seed (the
+  column's name mixed in), modulo B; all categorical columns share the B buckets. Nothing about
+  the data is in the map, so it costs no privacy, and any value, seen in training or not, has a
+  bucket.
+* **a vocabulary** (``--vocabulary FILE``, JSON ``{"column": ["value", ...], ...}``): each
+  listed value gets its own column, and every other value (and a missing cell) of that column
+  shares one "other" column. The file is public (written by the user, or released privately by
+  ``beam-dp vocabulary``, whose partition selection is pipeline-dp's); it is stored in model.json
+  with its SHA-256, and ``predict --vocabulary`` checks a file against it.
+
+The model's features are the numeric columns first (as read), then the categorical columns'
+ids: ``Encoding.dim`` of them, in a scipy CSR matrix per block, so a row costs its nonzeros
+(numeric columns + one per categorical column), never d. A missing (null or empty) categorical
+cell is a value of its own: a reserved hash bucket, or the column's "other" id.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import scipy.sparse as sp
+
+HASH_NAME = "beam-dp-poly64-v1"   # recorded in model.json: predict refuses a hash it lacks
+MAX_HASH_BUCKETS = 1 << 28
+# Multiplier of the polynomial string hash, and splitmix64's constants (Steele, Lea & Flood,
+# "Fast splittable pseudorandom number generators", 2014), finishing it into well-mixed bits.
+_POLY = np.uint64(0x100000001B3)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+class EncodingError(ValueError):
+    """A bad encoding request or a vocabulary that does not fit; names columns, never values."""
+
+
+def _splitmix(z: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):   # uint64 arithmetic wraps, as intended
+        z = z + _GOLDEN
+        z = (z ^ (z >> np.uint64(30))) * _MIX1
+        z = (z ^ (z >> np.uint64(27))) * _MIX2
+        return z ^ (z >> np.uint64(31))
+
+
+def column_seed(name: str, seed: int) -> np.uint64:
+    """The hash key of one column: its name and the public seed."""
+    digest = hashlib.blake2b(f"{seed}\0{name}".encode(), digest_size=8).digest()
+    return np.uint64(int.from_bytes(digest, "little"))
+
+
+def _as_text(values: pa.Array) -> pa.Array:
+    """A categorical column as UTF-8 text (integers by their decimal form), nulls kept."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if pa.types.is_dictionary(values.type):
+        values = values.dictionary_decode()
+    if (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)
+            or pa.types.is_integer(values.type) or pa.types.is_boolean(values.type)
+            or pa.types.is_null(values.type)):
+        text = values.cast(pa.large_string())
+    elif pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type):
+        text = values.cast(pa.large_binary()).view(pa.large_string())
+    else:
+        raise EncodingError(f"its type {values.type} cannot be categorical (string or integer)")
+    # An empty text is a missing value, as an empty CSV cell is, in every input format.
+    return pc.if_else(pc.equal(text, ""), pa.scalar(None, pa.large_string()), text)
+
+
+def hash_text(values: pa.Array, key: np.uint64) -> np.ndarray:
+    """uint64 hashes of text values (nulls hash as a reserved value), vectorized over the bytes:
+    a polynomial hash of each value's bytes, then its length and ``key``, through splitmix64.
+
+    Written here rather than taken from a library: pyarrow's compute functions have no stable,
+    seeded hash, and hashing value by value in Python would be a per-example loop."""
+    values = _as_text(values)
+    n = len(values)
+    offsets = np.frombuffer(values.buffers()[1], dtype=np.int64)[values.offset:values.offset + n + 1]
+    data = values.buffers()[2]
+    raw = (np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8))
+    lengths = np.diff(offsets)
+    first = int(offsets[0]) if n else 0
+    body = raw[first:int(offsets[-1])] if n else raw[:0]
+    # position of each byte within its value, and POLY^position (wrapping uint64 powers)
+    starts = np.repeat(offsets[:-1] - first, lengths)
+    position = np.arange(body.size, dtype=np.int64) - starts
+    longest = int(lengths.max()) if n and lengths.size else 0
+    with np.errstate(over="ignore"):
+        powers = np.cumprod(np.full(max(longest, 1), _POLY, dtype=np.uint64), dtype=np.uint64)
+        terms = (body.astype(np.uint64) + np.uint64(1)) * powers[position] if body.size else body.astype(np.uint64)
+        cumulative = np.concatenate([[np.uint64(0)], np.cumsum(terms, dtype=np.uint64)])
+        sums = cumulative[offsets[1:] - first] - cumulative[offsets[:-1] - first]
+        h = _splitmix(sums ^ _splitmix(lengths.astype(np.uint64) ^ np.uint64(key)))
+    if values.null_count:
+        missing = ~np.asarray(values.is_valid(), dtype=bool)
+        h[missing] = _splitmix(np.array([np.uint64(key) ^ np.uint64(0xFFFFFFFFFFFFFFFF)]))[0]
+    return h
+
+
+@dataclasses.dataclass(frozen=True)
+class Encoding:
+    """How raw columns become the model's features: ``numeric`` columns as they are, then the
+    ``categorical`` ones through hashing (``hash_buckets``) or a ``vocabulary`` (per column, a
+    tuple of its values; id = position, ``len`` = the column's "other")."""
+
+    numeric: tuple
+    categorical: tuple
+    hash_buckets: int | None = None
+    hash_seed: int = 0
+    vocabulary: tuple | None = None     # ((column, (value, ...)), ...) in categorical order
+
+    def __post_init__(self):
+        if not self.categorical:
+            raise EncodingError("an encoding needs at least one categorical column")
+        overlap = sorted(set(self.numeric) & set(self.categorical))
+        if overlap:
+            raise EncodingError(f"column(s) {', '.join(overlap)} are listed as both numeric and categorical")
+        if (self.hash_buckets is None) == (self.vocabulary is None):
+            raise EncodingError("categorical columns need exactly one of --hash-buckets or --vocabulary")
+        if self.hash_buckets is not None and not 1 <= self.hash_buckets <= MAX_HASH_BUCKETS:
+            raise EncodingError(f"--hash-buckets must be between 1 and {MAX_HASH_BUCKETS}")
+        if self.vocabulary is not None:
+            if tuple(c for c, _ in self.vocabulary) != tuple(self.categorical):
+                raise EncodingError("the vocabulary's columns are not the categorical columns "
+                                    f"({', '.join(self.categorical)})")
+
+    # -- shape
+    @property
+    def columns(self) -> list[str]:
+        """The raw input columns, numeric first."""
+        return list(self.numeric) + list(self.categorical)
+
+    def widths(self) -> list[int]:
+        """Model columns per categorical column (vocabulary: values + "other")."""
+        if self.vocabulary is None:
+            return []
+        return [len(values) + 1 for _, values in self.vocabulary]
+
+    @property
+    def dim(self) -> int:
+        if self.hash_buckets is not None:
+            return len(self.numeric) + self.hash_buckets
+        return len(self.numeric) + sum(self.widths())
+
+    @property
+    def nonzeros_per_row(self) -> int:
+        """At most this many nonzeros in a row (the sparsity s of paper 001)."""
+        return len(self.numeric) + len(self.categorical)
+
+    # -- encoding
+    def column_ids(self, name: str, values: pa.Array) -> np.ndarray:
+        """The model column (int64, within ``dim``) of each value of categorical column ``name``."""
+        try:
+            if self.hash_buckets is not None:
+                h = hash_text(values, column_seed(name, self.hash_seed))
+                return len(self.numeric) + (h % np.uint64(self.hash_buckets)).astype(np.int64)
+            j = self.categorical.index(name)
+            base = len(self.numeric) + sum(self.widths()[:j])
+            known = _value_set(self.vocabulary[j][1])
+            index = pc.index_in(_as_text(values), value_set=known)
+            other = len(self.vocabulary[j][1])
+            return base + np.asarray(index.fill_null(other), dtype=np.int64)
+        except EncodingError as e:
+            raise EncodingError(f"column '{name}': {e}") from None
+
+    def encode(self, numeric: np.ndarray, categorical: Mapping[str, pa.Array]) -> sp.csr_matrix:
+        """The (m, dim) CSR rows: ``numeric`` (m, len(numeric)) float64 values, then one 1 per
+        categorical column at its id. Built from index arrays, never a dense (m, dim) matrix."""
+        m = numeric.shape[0]
+        k_num, k_cat = len(self.numeric), len(self.categorical)
+        width = k_num + k_cat
+        indices = np.empty((m, width), dtype=np.int64)
+        values = np.ones((m, width), dtype=np.float64)
+        indices[:, :k_num] = np.arange(k_num)
+        values[:, :k_num] = numeric
+        for j, name in enumerate(self.categorical):
+            indices[:, k_num + j] = self.column_ids(name, categorical[name])
+        # Columns ids within a row are distinct unless two categorical columns hash to the same
+        # bucket; the CSR constructor keeps duplicates and every product sums them (a 2 there).
+        matrix = sp.csr_matrix((values.ravel(), indices.ravel(), np.arange(0, m * width + 1, width)),
+                               shape=(m, self.dim))
+        matrix.sum_duplicates()
+        return matrix
+
+    # -- model.json
+    def spec(self) -> dict:
+        out = {"numeric_columns": list(self.numeric), "categorical_columns": list(self.categorical),
+               "dim": self.dim}
+        if self.hash_buckets is not None:
+            out.update(hash=HASH_NAME, hash_buckets=self.hash_buckets, hash_seed=self.hash_seed)
+        else:
+            out.update(vocabulary={c: list(v) for c, v in self.vocabulary},
+                       vocabulary_sha256=vocabulary_fingerprint(self.vocabulary))
+        return out
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> "Encoding":
+        try:
+            if "hash_buckets" in spec:
+                if spec.get("hash") != HASH_NAME:
+                    raise EncodingError(f"the model's hash {spec.get('hash')!r} is not this "
+                                        f"version's ({HASH_NAME})")
+                encoding = cls(tuple(spec["numeric_columns"]), tuple(spec["categorical_columns"]),
+                               hash_buckets=int(spec["hash_buckets"]), hash_seed=int(spec["hash_seed"]))
+            else:
+                vocabulary = tuple((c, tuple(spec["vocabulary"][c])) for c in spec["categorical_columns"])
+                encoding = cls(tuple(spec["numeric_columns"]), tuple(spec["categorical_columns"]),
+                               vocabulary=vocabulary)
+                if spec.get("vocabulary_sha256") != vocabulary_fingerprint(vocabulary):
+                    raise EncodingError("the model's vocabulary does not match its recorded SHA-256")
+        except (KeyError, TypeError) as e:
+            raise EncodingError(f"the model's encoding is incomplete ({type(e).__name__})") from None
+        if encoding.dim != spec.get("dim", encoding.dim):
+            raise EncodingError("the model's encoding does not give its recorded dimension")
+        return encoding
+
+
+def _value_set(values: tuple) -> pa.Array:
+    return pa.array(values, type=pa.large_string())
+
+
+def vocabulary_fingerprint(vocabulary) -> str:
+    canonical = json.dumps([[c, list(v)] for c, v in vocabulary], ensure_ascii=False,
+                           separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def read_vocabulary(path: str, columns: Sequence[str]) -> tuple:
+    """A vocabulary file (JSON: column -> list of values) for exactly ``columns``, as the
+    ``Encoding.vocabulary`` tuple. Errors name the file and columns, never a value."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+    except FileNotFoundError:
+        raise EncodingError(f"{path}: vocabulary file not found") from None
+    except (OSError, ValueError) as e:
+        raise EncodingError(f"{path}: cannot read the vocabulary ({type(e).__name__})") from None
+    if not isinstance(raw, dict):
+        raise EncodingError(f"{path}: a vocabulary is a JSON object: column -> list of values")
+    if set(raw) != set(columns):
+        missing, extra = sorted(set(columns) - set(raw)), sorted(set(raw) - set(columns))
+        raise EncodingError(f"{path}: the vocabulary's columns do not match the categorical "
+                            f"columns (missing: {', '.join(missing) or 'none'}; not categorical: "
+                            f"{', '.join(extra) or 'none'})")
+    out = []
+    for name in columns:
+        values = raw[name]
+        if not isinstance(values, list) or not all(isinstance(v, (str, int)) and not isinstance(v, bool)
+                                                   for v in values):
+            raise EncodingError(f"{path}: column '{name}': a list of strings (or integers) is expected")
+        values = tuple(str(v) for v in values)
+        if len(set(values)) != len(values):
+            raise EncodingError(f"{path}: column '{name}' lists a value more than once")
+        out.append((name, values))
+    return tuple(out)
+
+
+def write_vocabulary(path: str, vocabulary) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({c: list(v) for c, v in vocabulary}, f, ensure_ascii=False)
+
+
+def make_encoding(numeric: Sequence[str], categorical: Sequence[str], hash_buckets: int | None = None,
+                  hash_seed: int = 0, vocabulary: str | None = None) -> Encoding | None:
+    """The encoding a run asked for (None: no categorical columns, dense features)."""
+    if not categorical:
+        if hash_buckets is not None or vocabulary is not None:
+            raise EncodingError("--hash-buckets and --vocabulary need --categorical-columns")
+        return None
+    repeated = sorted({c for c in categorical if list(categorical).count(c) > 1})
+    if repeated:
+        raise EncodingError(f"categorical column(s) listed twice: {', '.join(repeated)}")
+    vocab = read_vocabulary(vocabulary, categorical) if vocabulary is not None else None
+    return Encoding(tuple(numeric), tuple(categorical), hash_buckets=hash_buckets,
+                    hash_seed=int(hash_seed), vocabulary=vocab)
+
+
+# ------------------------------------------------------------------- a privately released vocabulary
+
+STREAM_VOCABULARY = 9   # mechanisms stream of the partition selection's coins
+VOCABULARY_RELEASE = "partition_selection_vocabulary"
+
+
+def value_counts(files: Sequence[str], columns: Sequence[str], opener, batch_rows: int) -> dict:
+    """Exact counts of every value of each categorical column over the files (rows, not users:
+    one row is one privacy unit), as {column: (values: pa.Array, counts: np.ndarray)}. Arrow's
+    vectorized value counts per block, merged by a group-by: no Python loop over rows or values.
+    Missing cells are not values (they go to the "other" id)."""
+    from beam_dp import data
+
+    parts: dict = {c: [] for c in columns}
+    for path in files:
+        with opener(path) as f:
+            for batch in data._record_batches(path, f, list(columns), batch_rows, None,
+                                              tuple(columns)):
+                for name in columns:
+                    counted = pc.value_counts(_as_text(batch.column(name)).drop_null())
+                    parts[name].append(pa.table({"value": counted.field("values"),
+                                                 "count": counted.field("counts")}))
+    out = {}
+    for name in columns:
+        if not parts[name]:
+            out[name] = (pa.array([], pa.large_string()), np.zeros(0, np.int64))
+            continue
+        merged = pa.concat_tables(parts[name]).group_by("value").aggregate([("count", "sum")])
+        out[name] = (merged.column("value").combine_chunks(),
+                     np.asarray(merged.column("count_sum"), dtype=np.int64))
+    return out
+
+
+def private_vocabulary(counts: dict, epsilon: float, delta: float, seed: int) -> tuple:
+    """The values of each column that pipeline-dp's partition selection keeps (truncated
+    geometric thresholding, Desfontaines, Voss, Gipson & Mandayam 2022), as the
+    ``Encoding.vocabulary`` tuple, each column's values sorted (an order that says nothing of
+    the counts).
+
+    Each row is one value of each of the k columns, so it contributes to at most k partitions
+    (column, value), once each: ``max_partitions_contributed`` = k, and the release is
+    (epsilon, delta)-DP under add/remove of one row. pipeline-dp gives the probability of
+    keeping a partition of count c; the coins are drawn here, from ``seed``'s generator (the OS's
+    secure source without --seed), vectorized over the partitions."""
+    import pipeline_dp
+    from pipeline_dp import partition_selection
+
+    from beam_dp import mechanisms
+
+    strategy = partition_selection.create_partition_selection_strategy(
+        pipeline_dp.PartitionSelectionStrategy.TRUNCATED_GEOMETRIC, epsilon, delta, len(counts))
+    coins = mechanisms.secure_generator(seed, STREAM_VOCABULARY)
+    vocabulary = []
+    for name, (values, n) in counts.items():
+        distinct, inverse = np.unique(n, return_inverse=True)
+        keep_probability = np.array([strategy.probability_of_keep(int(c)) for c in distinct])
+        keep = coins.random(len(n)) < keep_probability[inverse]
+        kept = pc.sort_indices(values.filter(pa.array(keep)))
+        vocabulary.append((name, tuple(values.filter(pa.array(keep)).take(kept).to_pylist())))
+    return tuple(vocabulary)
+
+
+def vocabulary_event(epsilon: float, delta: float):
+    from beam_dp.accounting import ApproxDpEvent
+    return ApproxDpEvent(epsilon, delta)
