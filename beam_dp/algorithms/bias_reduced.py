@@ -51,11 +51,14 @@ than the note's "(2 eps0, 2 delta0)" for the triplet, and the same argument.
   accountant refuses ``SampledWithoutReplacementDpEvent`` ("Unsupported event"); its REPLACE-
   adjacency subsampled Gaussian PLD is for Poisson sampling, and a PLD for sampling without
   replacement would rest on a dominating pair derived here by hand, which this module does not
-  do. RDP is the only dp_accounting accountant that expresses the mechanism. Convention: under
-  REPLACE_ONE dp_accounting's RDP reads a GaussianDpEvent's multiplier against the replace-one
-  sensitivity (2L / b here), whereas its PLD (and the calibration) reads it against half of it;
-  so the RDP events carry m / 2 (checked in the tests: the unsampled ME's RDP epsilon is not
-  below its calibrated PLD epsilon, as it would be with m).
+  do. RDP is the only dp_accounting accountant that expresses the mechanism. Convention: the
+  events carry the calibrated m, in the project's units (against the add/remove sensitivity L / b,
+  as dp_accounting's PLD reads it); dp_accounting's RDP reads a GaussianDpEvent under REPLACE_ONE
+  against the whole replace-one sensitivity (2L / b here), so the project's RDP accountant
+  (``accounting._RdpAccountant``, which the vectors below are made with) halves the multipliers
+  where an event enters it (``accounting._rdp_replace_one_units``). Checked in the tests: the
+  unsampled triplet's RDP epsilon is not below the PLD epsilon of its two calls, as it would be
+  read raw.
 * "conservative" (the note's Lemma 5.3, Laplace or Gaussian): the triplet's (eps3, delta3) from
   dp_accounting (PLD of the two Gaussians at delta3 = 2 delta0; 2 eps0 pure for Laplace), amplified
   by sampling without replacement under replace-one (Balle, Barthe & Gaboardi 2018, Thm 10:
@@ -352,7 +355,7 @@ def step_event(level: int, n: int, estimator: MeanEstimator, method: str | None 
     triplet_calls, singleton = _touched_calls(level, estimator)
     parts = []
     if method == "wor-rdp":
-        gaussian = events.GaussianDpEvent(estimator.noise_multiplier / 2.0)   # RDP convention
+        gaussian = events.GaussianDpEvent(estimator.noise_multiplier)   # the project's units
         if triplet_calls:
             inner = gaussian if triplet_calls == 1 else events.ComposedDpEvent(
                 [gaussian] * triplet_calls)
@@ -398,13 +401,13 @@ def composed_event(levels, n: int, estimator: MeanEstimator, method: str | None 
 
 
 def _rdp_vector(event: events.DpEvent) -> np.ndarray:
-    """dp_accounting's RDP (replace-one, RDP_ORDERS) of one event, cached per process (a step's
+    """The project's RDP (dp_accounting's, replace-one, RDP_ORDERS) of one event, cached per process (a step's
     parts: its triplet's and its singleton's, the latter shared by every level)."""
     key = repr(event)
     if key not in _RDP_VECTORS:
-        acc = rdp_privacy_accountant.RdpAccountant(
+        acc = accounting._RdpAccountant(
             list(RDP_ORDERS), neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
-        acc.compose(event)
+        acc.compose(event)   # (halves the multipliers into dp_accounting's RDP units)
         _RDP_VECTORS[key] = np.array(acc._rdp, dtype=np.float64)   # the accountant's own sum
         while len(_RDP_VECTORS) > _RDP_VECTORS_SIZE:
             _RDP_VECTORS.popitem(last=False)

@@ -671,7 +671,7 @@ class DpgdOptions:
                                choices=("auto", "counts", "none"))
     precondition_epsilon: float | None = option(
         None, "share of epsilon spent on the column counts of --precondition counts; default "
-              "10% of epsilon", low=0, low_open=True)
+              "a tenth of epsilon", low=0, low_open=True)
 
 
 @dataclasses.dataclass

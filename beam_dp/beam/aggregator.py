@@ -15,6 +15,8 @@ counted by a Beam metric) for the benchmark.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import gc
 import hashlib
 import io
 import json
@@ -151,6 +153,19 @@ class BatchFiles(batches.FileBatches):
         return False
 
 
+def _release_job_memory() -> None:
+    """Frees what a finished job left in this process. An in-process runner (FnApiRunner, also
+    behind the portable runner's embedded job service) holds a job's PCollections in cycles that
+    only the collector frees, and glibc keeps the freed buffers: with 2^20 categorical columns
+    the driver grew by ~80 MB a job (100 steps in 21 jobs: 2.3 GB); collecting and trimming after
+    each job kept it at 1.2 GB for 30 steps where it had reached 1.5 GB."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):   # not glibc: nothing to trim
+        pass
+
+
 def _state_bytes(state) -> int:
     """The bytes of the arrays in a stage's state (a TrainState, or a statistics dict)."""
     values = state.values() if isinstance(state, dict) else vars(state).values() if state is not None else ()
@@ -262,6 +277,7 @@ class BeamAggregator:
             raise JobLimitReached("--dry_run: the job was translated, not run")
         self.jobs.append({"kind": kind, "steps": steps, "seconds": time.perf_counter() - start,
                           "file_opens": _counter(result, FILE_OPENS)})
+        _release_job_memory()
 
     # ------------------------------------------------------------------ the Aggregator seam
 
