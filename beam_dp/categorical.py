@@ -263,11 +263,6 @@ def read_vocabulary(path: str, columns: Sequence[str]) -> tuple:
     return tuple(out)
 
 
-def write_vocabulary(path: str, vocabulary) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump({c: list(v) for c, v in vocabulary}, f, ensure_ascii=False)
-
-
 def make_encoding(numeric: Sequence[str], categorical: Sequence[str], hash_buckets: int | None = None,
                   hash_seed: int = 0, vocabulary: str | None = None) -> Encoding | None:
     """The encoding a run asked for (None: no categorical columns, dense features)."""
