@@ -67,6 +67,7 @@ import math
 from typing import Callable
 
 import numpy as np
+import scipy.sparse as sp
 from dp_accounting import dp_event as events
 
 from beam_dp import accounting, clipping, features, geometry, mechanisms
@@ -153,6 +154,13 @@ class GlmGradient:
         out = np.zeros(theta.shape)
         m, d = block.features.shape
         if m == 0:
+            return out
+        if sp.issparse(block.features):
+            # CSR rows (categorical columns): the block's sum in one sparse product, O(nnz k + d k)
+            derivative = self.loss.derivative(losses_mod.scores(theta, block.features), block.labels)
+            out[:, :-1] = np.asarray(block.features.T @ derivative).T
+            if self.fit_intercept:
+                out[:, -1] = derivative.sum(axis=0)
             return out
         rows = max(256, clipping.CHUNK_BYTES // (8 * (d + 1)))
         for start in range(0, m, rows):

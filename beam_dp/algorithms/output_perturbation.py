@@ -40,13 +40,18 @@ algorithm needs the sparse blocks of issue 14's first part, which do not exist y
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
+import scipy.sparse as sp
 from dp_accounting import dp_event as events
 
-from beam_dp import accounting, geometry, mechanisms
+from beam_dp import accounting, features, geometry, mechanisms
 from beam_dp.algorithms import objective_perturbation as objective
+from beam_dp.algorithms import registry
+from beam_dp.algorithms.noisy_gd import TrainResult
+from beam_dp.algorithms.registry import Algorithm, Privacy, Problem, option
 from beam_dp.data import Block
 
 # tau (the certified solution's distance to the exact one) as a fraction of L / (lambda n).
@@ -92,14 +97,14 @@ def default_regularization(lipschitz: float, sparsity: int, dim: int, n: int, ep
     return math.sqrt(2.0 * k) / diameter
 
 
-def release(aggregator, gradient, smooth: objective.Smoothness, constraint: geometry.Constraint,
-            dim: int, n: int, epsilon: float, delta: float, sparsity: int, seed: int,
-            regularization: float | None = None, accountant: str = "pld",
-            project: bool = True) -> tuple[np.ndarray, dict, float]:
-    """Algorithm 6 over ``aggregator``'s rows (coefficients only, no intercept): (the release,
-    the public plan with its DpEvent, ||noise||_inf). ``project`` False: the Euclidean projection
-    instead of the l_inf one (the dense baseline the benchmark compares with). ||noise||_inf is
-    for the master bound's check in tests; it must not leave the job."""
+def plan_release(smooth: objective.Smoothness, constraint: geometry.Constraint, dim: int, n: int,
+                 epsilon: float, delta: float, sparsity: int, regularization: float | None = None,
+                 accountant: str = "pld", rows_per_n: float = 1.0) -> dict:
+    """The public plan of Algorithm 6 (public constants only, no data): lambda, the certified
+    solve's plan (``objective.solver_plan``), tau, the sensitivity unit L / (lambda n) + tau, the
+    calibrated multiplier, sigma and the ``GaussianDpEvent``. ``rows_per_n``: a public bound on
+    (rows in the input) / n, for the solver's smoothness (the sensitivity is 2L / (lambda n)
+    whatever the number of rows: one term of weight 1/n differs)."""
     if constraint.kind not in LINF_KINDS:
         raise ValueError(f"output perturbation needs X in {', '.join(LINF_KINDS)}")
     diameter = constraint.diameter_l2(dim) if constraint.kind != "none" else objective.REFERENCE_DIAMETER
@@ -111,24 +116,61 @@ def release(aggregator, gradient, smooth: objective.Smoothness, constraint: geom
     start = objective.project_model(constraint, np.zeros(shape), False)
     # J's ||theta||^2 coefficient is lambda / 2 (strong convexity lambda)
     plan = objective.solver_plan(smooth, dim, n, lam / 2.0, 0.0, 1.0, None, diameter, math.inf,
-                                 float(np.linalg.norm(start)), epsilon, delta)
+                                 float(np.linalg.norm(start)), epsilon, delta, rows_per_n)
     accuracy = max(0.5 * plan["strong_convexity"] * tau ** 2, plan["accuracy_floor"])
     plan = objective.solver_plan(smooth, dim, n, lam / 2.0, 0.0, 1.0, accuracy, diameter,
-                                 math.inf, float(np.linalg.norm(start)), epsilon, delta)
+                                 math.inf, float(np.linalg.norm(start)), epsilon, delta, rows_per_n)
     tau = math.sqrt(2.0 * accuracy / plan["strong_convexity"])
     unit = spread + tau                                    # a replacement moves it by 2 units
+    for unused in ("output_sigma", "noise_norm_bound"):    # (objective perturbation's)
+        plan.pop(unused, None)
     multiplier = accounting.calibrate_noise_multiplier(
         lambda m: events.GaussianDpEvent(m), epsilon, delta, accountant, accounting.REPLACE_ONE,
         guess=2.0 * math.sqrt(2.0 * math.log(1.25 / delta)) / epsilon, slope=-1.0)
-    sigma = multiplier * unit
+    plan.update(regularization=lam, sigma=multiplier * unit, noise_multiplier=multiplier,
+                sensitivity_unit=unit, solver_distance=tau, diameter=diameter,
+                event=events.GaussianDpEvent(multiplier))
+    return plan
+
+
+def noiseless_solution(aggregator, gradient, constraint: geometry.Constraint, dim: int, n: int,
+                       plan: dict, steps_per_chunk: int | None = None,
+                       progress=None) -> np.ndarray:
+    """x_lambda, certified to plan["accuracy"] (never released; the noise is added by
+    ``execute``): the coefficients, a vector of ``dim``."""
+    shape = (1, dim + 1)
+    start = objective.project_model(constraint, np.zeros(shape), False)
     solution = objective.certified_solve(aggregator, gradient, constraint, shape, False, n,
-                                         lam / 2.0, np.zeros(shape), start, plan)
-    noise = mechanisms.gaussian_noise(mechanisms.secure_generator(seed, STREAM_OUTPUT), dim, sigma)
-    noisy = solution[0, :-1] + noise
+                                         plan["regularization"] / 2.0, np.zeros(shape), start,
+                                         plan, steps_per_chunk, progress)
+    return solution[0, :-1]
+
+
+def execute(aggregator, gradient, constraint: geometry.Constraint, dim: int, n: int, plan: dict,
+            seed: int, project: bool = True, steps_per_chunk: int | None = None,
+            progress=None) -> tuple[np.ndarray, float]:
+    """Steps 1-4 of Algorithm 6 with ``plan`` (``plan_release``): (the release, ||noise||_inf)."""
+    solution = noiseless_solution(aggregator, gradient, constraint, dim, n, plan,
+                                  steps_per_chunk, progress)
+    noise = mechanisms.gaussian_noise(mechanisms.secure_generator(seed, STREAM_OUTPUT), dim,
+                                      plan["sigma"])
+    noisy = solution + noise
     out = linf_projection(noisy, constraint) if project else constraint.project(noisy)
-    plan.update(regularization=lam, sigma=sigma, noise_multiplier=multiplier, sensitivity_unit=unit,
-                solver_distance=tau, event=events.GaussianDpEvent(multiplier))
-    return out, plan, float(np.max(np.abs(noise)))
+    return out, float(np.max(np.abs(noise)))
+
+
+def release(aggregator, gradient, smooth: objective.Smoothness, constraint: geometry.Constraint,
+            dim: int, n: int, epsilon: float, delta: float, sparsity: int, seed: int,
+            regularization: float | None = None, accountant: str = "pld",
+            project: bool = True, rows_per_n: float = 1.0) -> tuple[np.ndarray, dict, float]:
+    """Algorithm 6 over ``aggregator``'s rows (coefficients only, no intercept): (the release,
+    the public plan with its DpEvent, ||noise||_inf). ``project`` False: the Euclidean projection
+    instead of the l_inf one (the dense baseline the benchmark compares with). ||noise||_inf is
+    for the master bound's check in tests; it must not leave the job."""
+    plan = plan_release(smooth, constraint, dim, n, epsilon, delta, sparsity, regularization,
+                        accountant, rows_per_n)
+    out, noise_inf = execute(aggregator, gradient, constraint, dim, n, plan, seed, project)
+    return out, plan, noise_inf
 
 
 class SparseLinearGradient:
@@ -159,3 +201,201 @@ class SparseLinearGradient:
 def sparse_linear_smoothness(lipschitz: float, dim: int) -> objective.Smoothness:
     """A linear loss: L-Lipschitz, 0-smooth, rank 0 (no Hessian)."""
     return objective.Smoothness(lipschitz, 0.0, 0.0, 0)
+
+
+# ------------------------------------------------------------------------------ the registered algorithm
+#
+# ``output-perturbation``: Algorithm 6 on a GLM (logistic, huber), dense rows or CSR rows
+# (categorical columns), through the Aggregator seam (Beam or local). Softmax is left out: the core
+# releases one coefficient vector (k = 1).
+#
+# * Rows. Every row's features are l2-clipped to F (--feature-bound): dense rows by
+#   ``features.ClipRows`` (recorded in model.json; predict clips too); CSR rows by
+#   ``SparseClipRows`` (``stats.clip_sparse_rows``, never densified), which is NOT recorded in
+#   model.json (the recorded transforms are dense-only), so predict does not clip sparse rows. With
+#   only categorical columns a row is one-hot per column, norm sqrt(#columns) <= sqrt(s) = the
+#   default F, so the clip is the identity there and predict agrees with training; numeric columns
+#   whose row norm exceeds F are clipped in training only (give a larger --feature-bound, or scale
+#   them, to avoid it). F's default: sqrt(s) for sparse rows (s = nonzeros per row, from the
+#   encoding), sqrt(d) for dense ones.
+# * The intercept. The core solves coefficients only; with an intercept the model is solved as
+#   d + 1 coordinates x = (w, b), the intercept a constant feature 1 of every row, so the row bound
+#   is ||(z, 1)||_2 <= sqrt(F^2 + 1) (``glm_smoothness`` with the intercept), the sparsity s + 1,
+#   and the Gaussian and the l_inf projection act on all d + 1 coordinates. That is exact for X =
+#   R^d (--constraint none, the default). With a constraint the intercept would have to lie in X
+#   too, which is not what the other algorithms mean by a constraint (the intercept free), so a
+#   constrained run needs --no-intercept (refused otherwise).
+# * n: public under replace-one, --num-examples or the row count rounded to two significant digits
+#   (as objective-perturbation; the solver is then planned for up to 1.05 n rows).
+# * The ledger: one ``GaussianDpEvent`` of the calibrated multiplier under replace-one.
+
+RELEASE = "output_perturbation_gaussian"
+MODELS = ("logistic", "huber")
+
+
+@dataclasses.dataclass(frozen=True)
+class SparseClipRows:
+    """x -> x * min(1, F / ||x||_2) for CSR rows (``stats.clip_sparse_rows``, sparse throughout);
+    dense rows as ``features.ClipRows``. Picklable (Beam ships it to the workers)."""
+
+    norm: float
+
+    def __call__(self, block: Block) -> Block:
+        if not sp.issparse(block.features):
+            return features.ClipRows(self.norm)(block)
+        from beam_dp import stats
+        return Block(stats.clip_sparse_rows(block.features, 2, self.norm), block.labels,
+                     block.source, block.row_start, tag=block.tag)
+
+
+class InterceptAsCoordinate:
+    """A GLM's gradient sums for the core's solver with the intercept as coordinate d of x: the
+    solver's theta is (1, d + 2) (coefficients, intercept, the core's unused last column), the
+    GLM's (1, d + 1) (coefficients, intercept)."""
+
+    def __init__(self, glm: objective.GlmGradient):
+        self.glm = glm
+
+    def partial_sum(self, block: Block, theta: np.ndarray) -> np.ndarray:
+        out = np.zeros(theta.shape)
+        out[:, :-1] = self.glm.partial_sum(block, theta[:, :-1])
+        return out
+
+
+@dataclasses.dataclass
+class OutputPerturbationOptions:
+    constraint: str = option("none", "the set X the coefficients must lie in, onto which the noisy "
+                                     "solution is projected in l_inf: none, l2-ball, l1-ball or "
+                                     "box ([-radius, radius] per coefficient); a constraint "
+                                     "needs --no-intercept", choices=LINF_KINDS)
+    radius: float = option(1.0, "the size of the set: the ball's radius, the box's half width",
+                           low=0, low_open=True)
+    regularization: float | None = option(
+        None, "lambda of (lambda / 2) ||x||_2^2; default Thm 7.1's lambda* = sqrt(2K) / D, K = 8 "
+              "L^2 sqrt(s ln(1.25/delta) ln(2d/0.05)) / (n eps), D the l2 diameter of X (2 "
+              "without a constraint)", low=0, low_open=True)
+    feature_bound: float | None = option(
+        None, "F: every row's features are clipped to l2 norm F (dense rows: recorded in "
+              "model.json, applied by predict; categorical rows: not recorded, a no-op on one-hot "
+              "rows within F); default sqrt(s) for categorical columns (s = nonzeros per row), "
+              "sqrt(d) for dense features", low=0, low_open=True)
+    max_passes: int = option(objective.DEFAULT_MAX_PASSES,
+                             "refuse a run whose certified solve needs more full passes than "
+                             "this (a larger --regularization needs fewer)", low=1)
+
+    def constraint_set(self, dim: int) -> geometry.Constraint:
+        chosen = geometry.Constraint(self.constraint, self.radius)
+        chosen.validate(dim)
+        return chosen
+
+
+def check_privacy(privacy: Privacy) -> None:
+    """What the mechanism cannot serve, known before any data is read."""
+    if privacy.epsilon is None:
+        raise ValueError("output-perturbation calibrates its Gaussian to a target: give --epsilon "
+                         "(not --noise-multiplier)")
+    registry.check_replace_one_float_request(
+        "output-perturbation", privacy, "Gaussian",
+        "the Gaussian mechanism on a certified solution, calibrated by PLD")
+
+
+def sparsity(problem: Problem) -> int:
+    """s: nonzeros per row (the encoding's, for categorical columns; d for dense rows)."""
+    if problem.sparse:
+        encoding = problem.source.get("encoding") or {}
+        columns = (len(encoding.get("numeric_columns", ()))
+                   + len(encoding.get("categorical_columns", ())))
+        if columns < 1:
+            raise ValueError("output-perturbation needs the categorical encoding's columns to "
+                             "know the rows' sparsity")
+        return columns
+    return problem.dim
+
+
+def train(options: OutputPerturbationOptions, problem: Problem, aggregator, seed: int,
+          ledger: accounting.Ledger, progress) -> TrainResult:
+    privacy = problem.privacy
+    check_privacy(privacy)
+    if ledger.neighbouring != accounting.REPLACE_ONE:
+        raise ValueError("output-perturbation's guarantee is for replace-one neighbours")
+    loss, d = problem.loss, problem.dim
+    if loss.name not in MODELS:
+        raise ValueError(f"output-perturbation does not fit --model {loss.name}; it supports: "
+                         f"{', '.join(MODELS)}")
+    constraint = options.constraint_set(d)
+    intercept = bool(problem.fit_intercept)
+    if intercept and constraint.kind != "none":
+        raise ValueError("output-perturbation with --constraint needs --no-intercept (its "
+                         "intercept is a coordinate of x, which would have to lie in the set too)")
+    s = sparsity(problem)
+    if options.feature_bound is not None:
+        bound = float(options.feature_bound)
+    else:
+        bound = math.sqrt(s)
+    transform = SparseClipRows(bound) if problem.sparse else features.ClipRows(bound)
+    smooth = objective.glm_smoothness(loss, bound, d, intercept)
+    dataset_size = objective.public_dataset_size(privacy.num_examples, aggregator)
+    n = dataset_size["value"]
+    if privacy.num_examples is not None and aggregator.count() > n:
+        raise ValueError("--num-examples is below the number of rows in the input: "
+                         "output-perturbation's solver is planned for at most that many rows")
+    rows_per_n = 1.0 if privacy.num_examples is not None else objective.ROUNDED_COUNT_RATIO
+    dim = d + int(intercept)
+    glm = objective.GlmGradient(loss, transform, intercept)
+    gradient = InterceptAsCoordinate(glm) if intercept else glm
+    plan = plan_release(smooth, constraint, dim, n, privacy.epsilon, privacy.delta,
+                        s + int(intercept), options.regularization, privacy.accountant, rows_per_n)
+    if plan["passes"] > options.max_passes:
+        raise ValueError(f"the certified solve needs {plan['passes']} full passes over the data, "
+                         f"more than --max-passes {options.max_passes}: raise --regularization "
+                         "(fewer passes) or --max-passes")
+    event = plan.pop("event")
+    ledger.admit(events.ComposedDpEvent([ledger.event(), event]) if ledger.releases else event)
+    released, _ = execute(aggregator, gradient, constraint, dim, n, plan, seed,
+                          steps_per_chunk=problem.steps_per_chunk, progress=progress)
+    theta = np.zeros((1, d + 1))
+    theta[0, :dim] = released             # (the intercept, if any, is coordinate d)
+    ledger.record(RELEASE, event,
+                  mechanism="Gaussian mechanism on the certified regularized minimizer (paper "
+                            "001, Algorithm 6), then an l_inf projection onto X "
+                            "(post-processing); sensitivity 2 (L / (lambda n) + tau) "
+                            "(replace-one)",
+                  relation="replace-one", noise_multiplier=plan["noise_multiplier"],
+                  sigma=plan["sigma"], regularization=plan["regularization"],
+                  accuracy=plan["accuracy"], noise="float Gaussian (numpy)")
+    details = dict(plan)
+    details.update(
+        constraint=constraint.kind, feature_bound=bound, lipschitz=smooth.lipschitz,
+        loss_smoothness=smooth.beta, sparsity=s + int(intercept),
+        intercept=("a coordinate of x (a constant feature 1 of every row, inside the row bound "
+                   "sqrt(F^2 + 1))" if intercept else "none"),
+        feature_clip=("features.ClipRows, recorded in model.json" if not problem.sparse else
+                      "stats.clip_sparse_rows in training only (not recorded: predict does not "
+                      "clip; the identity on one-hot rows within F)"),
+        relation="replace-one (the paper's); n is public under it",
+        accounting="one GaussianDpEvent under replace-one, its multiplier calibrated by PLD",
+        solver=("V-FISTA, a number of passes fixed in advance from public constants, then one "
+                "certificate pass; the iterates are never released"))
+    return TrainResult(theta, ledger, plan["noise_multiplier"], 1.0, plan["passes"], None,
+                       dataset_size, details, sampling="full batch", expected_batch_size=float(n),
+                       feature_transform=None if problem.sparse else features.spec(transform),
+                       details_name="algorithm_parameters",
+                       constraint=None if constraint.kind == "none" else constraint.to_json())
+
+
+class _OutputPerturbationAlgorithm(Algorithm):
+    def check_request(self, loss, privacy: Privacy, options) -> None:
+        if loss.name not in self.models:
+            raise ValueError(f"{self.name} does not fit --model {loss.name}; it supports: "
+                             f"{', '.join(self.models)}")
+        check_privacy(privacy)
+
+
+OUTPUT_PERTURBATION = _OutputPerturbationAlgorithm(
+    "output-perturbation", "sparse rows (categorical columns, s nonzeros of d): a regularized "
+                           "certified solve, Gaussian noise, an l_inf projection; the error grows "
+                           "with sqrt(s) and ln d, not sqrt(d); replace-one (n public)",
+    MODELS, OutputPerturbationOptions, train, relation=accounting.REPLACE_ONE,
+    checkpoints=False, sparse_input=True,
+    why_no_checkpoints="its solver's iterates are not private, so they are never written; a run "
+                       "that stops is rerun from the start")

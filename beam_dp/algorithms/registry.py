@@ -263,6 +263,7 @@ def algorithms() -> dict[str, Algorithm]:
         mirror_descent.MIRROR_DESCENT,
         heavy_tailed_md.HEAVY_TAILED_MD,
         objective_perturbation.OBJECTIVE_PERTURBATION,
+        __import__("beam_dp.algorithms.output_perturbation", fromlist=["_"]).OUTPUT_PERTURBATION,
     )
     return {a.name: a for a in registered}
 
