@@ -112,7 +112,8 @@ def _add_run_arguments(parser, audit: bool) -> None:
     if not audit:
         io.add_argument("--categorical-columns", type=_columns, default=None,
                         help="comma-separated string or integer columns, encoded as sparse "
-                             "features (needs --hash-buckets or --vocabulary; algorithm dpgd); "
+                             "features (needs --hash-buckets or --vocabulary; algorithms dpgd, "
+                             "output-perturbation); "
                              "never inferred from the cells")
         io.add_argument("--hash-buckets", type=_positive_int, default=None,
                         help="feature hashing of the categorical columns into this many columns "

@@ -60,12 +60,32 @@ def test_trains_on_dense_rows_and_records_the_clip():
     (mechanism,) = report["mechanisms"]
     assert mechanism["name"] == outp.RELEASE and mechanism["relation"] == "replace-one"
     params = report["algorithm_parameters"]
-    # lambda is Thm 7.1's lambda* with s = d + 1 (the intercept is a coordinate), D = 2
+    # lambda is Thm 7.1's lambda* with s = d + 1 (the intercept is a coordinate), D = sqrt(d + 1)
+    # (the unit box's radius, default_model_norm)
     L = math.sqrt(d + 1)          # logistic: 1 * ||(z, 1)|| <= sqrt(F^2 + 1), F = sqrt(d)
     n = report["dataset_size"]["value"]
     assert params["lipschitz"] == pytest.approx(L, rel=1e-9)
     assert params["regularization"] == pytest.approx(
-        outp.default_regularization(L, d + 1, d + 1, n, 1.0, DELTA, 2.0), rel=1e-12)
+        outp.default_regularization(L, d + 1, d + 1, n, 1.0, DELTA, math.sqrt(d + 1)), rel=1e-12)
+    assert params["diameter"] == pytest.approx(math.sqrt(d + 1), rel=1e-12)
+
+
+def test_model_norm_sets_d_and_the_constraint_is_the_default_with_one():
+    """D: --model-norm when given (with or without a constraint), else the set's l2 diameter,
+    else sqrt(d + 1); lambda = sqrt(2K) / D in each case, so lambda * D is the same."""
+    x, y = _dense(n=1000, d=8, seed=4)
+    found = {}
+    for name, kw in {"declared": dict(model_norm=7.0),
+                     "box": dict(constraint="box", radius=0.5, fit_intercept=False),
+                     "box-declared": dict(constraint="box", radius=0.5, fit_intercept=False,
+                                          model_norm=7.0)}.items():
+        found[name] = _train(x, y, **kw).privacy_report["algorithm_parameters"]
+    assert found["declared"]["diameter"] == 7.0
+    assert found["box"]["diameter"] == pytest.approx(2 * 0.5 * math.sqrt(8), rel=1e-12)
+    assert found["box-declared"]["diameter"] == 7.0
+    # without the intercept s and L differ, so compare the no-intercept runs with each other
+    assert (found["box"]["regularization"] * found["box"]["diameter"]
+            == pytest.approx(found["box-declared"]["regularization"] * 7.0, rel=1e-12))
 
 
 @pytest.fixture(scope="module")
@@ -207,3 +227,31 @@ def test_listed_by_beam_dp_algorithms_and_takes_categorical_columns(cli):
     assert registry.get(NAME).sparse_input
     r = cli("algorithms")
     assert r.code == 0 and NAME in r.out, r
+
+
+@pytest.mark.parametrize("dim,binds", [(2 ** 18, "noise"), (11, "box")])
+def test_default_model_norm_is_the_unit_box_capped_by_the_score_noise(dim, binds):
+    """Without a constraint or --model-norm, D = min(sqrt(d), the D whose Gaussian has std
+    SCORE_NOISE on a row's score): with 2^18 columns the cap binds and sigma L is 1/2 with tau at
+    1% of L / (lambda n), as the cap plans it (the certified tau may be larger where float64
+    cannot certify less: at 2^18 columns it is); with 11 columns the box binds and the noise on
+    a score is below 1/2."""
+    L, n = math.sqrt(5.0), 50_000
+    smooth = objective.Smoothness(L, L ** 2 / 4, 0.0, 1)
+    plan = outp.plan_release(smooth, outp.geometry.Constraint("none", 1.0), dim, n, 1.0, DELTA,
+                             5, rows_per_n=objective.ROUNDED_COUNT_RATIO)
+    spread = L / (plan["regularization"] * n)
+    assert plan["solver_distance"] >= outp.SOLVER_FRACTION * spread * (1 - 1e-9)
+    assert plan["sigma"] == pytest.approx(plan["noise_multiplier"]
+                                          * (spread + plan["solver_distance"]), rel=1e-12)
+    k = outp.noise_constant(L, 5, dim, n, 1.0, DELTA)
+    assert plan["regularization"] == pytest.approx(math.sqrt(2 * k) / plan["diameter"], rel=1e-12)
+    if binds == "noise":
+        assert plan["diameter"] < math.sqrt(dim)
+        planned = plan["noise_multiplier"] * (1 + outp.SOLVER_FRACTION) * spread
+        assert planned * L == pytest.approx(outp.SCORE_NOISE, rel=1e-9)
+        assert plan["diameter_source"].startswith("the cap")
+    else:
+        assert plan["diameter"] == pytest.approx(math.sqrt(dim), rel=1e-12)
+        assert plan["sigma"] * L < outp.SCORE_NOISE
+        assert plan["diameter_source"].startswith("the unit box")

@@ -48,3 +48,14 @@ def test_ci_runs_the_readme_test_command():
     (command,) = re.findall(r"```\n(.*?)\n```", section, flags=re.S)
     with open(os.path.join(ROOT, ".ci", "run")) as f:
         assert command in f.read()
+
+
+def test_the_algorithm_guide_names_every_registered_algorithm():
+    """README's "Which algorithm for which data" table has a row for each registered algorithm
+    (its "use" column names it in backticks), and names no other."""
+    from beam_dp.algorithms import registry
+    rows = [line for line in _section("Which algorithm for which data").splitlines()
+            if line.startswith("| ") and not line.startswith("| your data")]
+    named = {match for row in rows for match in re.findall(r"`([a-z][a-z0-9-]*)`",
+                                                            row.split(" | ")[1])}
+    assert named & set(registry.algorithms()) == set(registry.algorithms()), named

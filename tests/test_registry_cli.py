@@ -460,6 +460,8 @@ SKEW_CASES = [
     ("heavy-tailed-md", "heavy-tailed-md", "linear", "regression", [], None),
     ("objective-perturbation", "objective-perturbation", "logistic", "binary", [],
      ("clip_rows", None)),
+    # dense rows clipped to F = sqrt(d) (--feature-bound's default), recorded in model.json
+    ("output-perturbation", "output-perturbation", "logistic", "binary", [], ("clip_rows", None)),
 ]
 
 

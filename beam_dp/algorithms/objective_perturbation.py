@@ -380,11 +380,13 @@ def model_noise(seed: int, stream: int, shape: tuple, sigma: float,
 def certified_solve(aggregator, gradient, constraint: geometry.Constraint, shape: tuple,
                     fit_intercept: bool, n: int, regularization: float, linear_term: np.ndarray,
                     start: np.ndarray, plan: dict, steps_per_chunk: int | None = None,
-                    progress: Callable | None = None) -> np.ndarray:
+                    progress: Callable | None = None, stage_type: type | None = None) -> np.ndarray:
     """theta2 with J(theta2) - min_{C x R} J <= plan["accuracy"], J = (1/n) sum of the losses +
     <linear_term, theta> + regularization ||theta||^2: ``plan["passes"]`` passes (``solver_plan``,
-    public), then the certificate's check. Raises RuntimeError, saying no value, if it fails."""
-    stage = SolverPass(gradient, shape, fit_intercept, constraint, linear_term, regularization,
+    public), then the certificate's check. Raises RuntimeError, saying no value, if it fails.
+    ``stage_type``: a subclass of ``SolverPass`` (another algorithm's canaries and releases for
+    the audit, e.g. output perturbation's), ``SolverPass`` by default."""
+    stage = (stage_type or SolverPass)(gradient, shape, fit_intercept, constraint, linear_term, regularization,
                        float(n), plan["smoothness"], plan["strong_convexity"], plan["momentum"],
                        plan["accelerated_passes"], plan["rounding_allowance"])
     total = plan["passes"]

@@ -32,7 +32,26 @@ half-width t around x~ meets the ball); an l2 ball, soft-thresholding at the lev
 bisection whose l2 norm is the radius. Simplex and hull are refused.
 
 lambda: Thm 7.1's lambda* = sqrt(2K) / D, K = 8 L^2 sqrt(s ln(1.25/delta) ln(2d/beta)) / (n eps)
-(beta = 0.05), D the l2 diameter of X (the initial distance bound of (A.1)), unless given.
+(beta = 0.05), unless given. D is (A.1)'s bound on ||x*||_2 (x0 = 0), the size of the models the
+release competes with: the master bound is F_S(output) - F_S(x*) <= lambda D^2 / 2 + K / lambda,
+and lambda* balances the two terms for models of that size. D: a declared public bound
+(``model_norm``) if given; else the l2 diameter of X with a constraint; else
+(``default_model_norm``) the smaller of
+* sqrt(d) (d counting the intercept), the l2 radius of the box where every coefficient is at most
+  1 in magnitude. On standardized or one-hot features a coefficient is the change of the score
+  per standard deviation or per category, and GLMs fitted on such data have most coefficients
+  below 1 (a score change of 1 is a factor e in the odds): the unit box covers them without
+  knowing which columns the data uses;
+* the D at which the released Gaussian's standard deviation on a row's score, sigma L, is
+  SCORE_NOISE = 1/2: sigma grows like D (sigma = 1.01 m L / (lambda n), lambda = sqrt(2K) / D),
+  so competing with larger models buys a smaller bias only with noise that swamps every score.
+  With many columns (2^18 hashed buckets) this is the one that binds: sqrt(d) = 512 put the noise
+  at 2.75 per score on a 50,000-row click log (accuracy 0.569, below the majority class's 0.654);
+  the cap gave 0.732 (dpgd 0.751). On a few dense standardized columns the box binds.
+Both are public (d, L, n, epsilon, delta; n is public under replace-one). The earlier default,
+objective perturbation's REFERENCE_DIAMETER 2 (a model of norm 1), made lambda so large on the
+click log that the model predicted about the base rate (0.655 against a majority class of 0.651
+at 200,000 rows).
 
 This module is the Beam-free core, run by ``pipelines/bench_sparse_mean.py``'s second table and
 tests/test_sparse_mean.py on sparse linear losses (``SparseLinearGradient``); the registered
@@ -56,6 +75,14 @@ from beam_dp.data import Block
 
 # tau (the certified solution's distance to the exact one) as a fraction of L / (lambda n).
 SOLVER_FRACTION = 0.01
+# The default D's cap (``default_model_norm``): the released Gaussian's standard deviation on a
+# row's score (a log-odds for logistic), sigma L, at most 1/2. Noise of std 1/2 on a score leaves
+# the class of rows predicted with probability outside about (0.27, 0.73) to within 1 std, so a
+# model whose scores are of order 1 keeps its confident predictions; a larger model (D) would buy
+# a smaller bias term lambda D^2 / 2 only with noise that swamps every score (measured: on a click
+# log of 2^18 hashed columns, D = sqrt(d) put the noise at 2.75 per score and the accuracy below
+# the majority class).
+SCORE_NOISE = 0.5
 FAILURE_PROBABILITY = 0.05      # beta of Thm 7.1's lambda
 STREAM_OUTPUT = 43
 LINF_KINDS = ("none", "box", "l1-ball", "l2-ball")
@@ -88,18 +115,37 @@ def linf_projection(x: np.ndarray, constraint: geometry.Constraint) -> np.ndarra
     return out if norm <= constraint.radius else out * (constraint.radius / norm)
 
 
+def noise_constant(lipschitz: float, sparsity: int, dim: int, n: int, epsilon: float,
+                   delta: float) -> float:
+    """Thm 7.1's K = 8 L^2 sqrt(s ln(1.25/delta) ln(2d/beta)) / (n eps): the master bound's noise
+    term is K / lambda."""
+    return (8.0 * lipschitz ** 2 * math.sqrt(sparsity * math.log(1.25 / delta)
+                                             * math.log(2.0 * dim / FAILURE_PROBABILITY))
+            / (n * epsilon))
+
+
 def default_regularization(lipschitz: float, sparsity: int, dim: int, n: int, epsilon: float,
                            delta: float, diameter: float) -> float:
     """Thm 7.1's lambda* = sqrt(2K) / D."""
-    k = (8.0 * lipschitz ** 2 * math.sqrt(sparsity * math.log(1.25 / delta)
-                                          * math.log(2.0 * dim / FAILURE_PROBABILITY))
-         / (n * epsilon))
-    return math.sqrt(2.0 * k) / diameter
+    return math.sqrt(2.0 * noise_constant(lipschitz, sparsity, dim, n, epsilon, delta)) / diameter
+
+
+def default_model_norm(dim: int, lipschitz: float, n: int, multiplier: float, k: float) -> float:
+    """D without a constraint or a declared bound (module docstring): the smaller of sqrt(dim),
+    the l2 radius of the unit box [-1, 1]^dim, and the D at which the released noise's standard
+    deviation on a row's score, sigma L, is SCORE_NOISE. With lambda = sqrt(2K) / D and
+    sigma = (1 + SOLVER_FRACTION) m L / (lambda n) (m the calibrated multiplier), that D is
+    SCORE_NOISE n sqrt(2K) / ((1 + SOLVER_FRACTION) m L^2). Public: from d, L, n (public under
+    replace-one), epsilon and delta only."""
+    quiet = SCORE_NOISE * n * math.sqrt(2.0 * k) / ((1.0 + SOLVER_FRACTION) * multiplier
+                                                    * lipschitz ** 2)
+    return min(math.sqrt(dim), quiet)
 
 
 def plan_release(smooth: objective.Smoothness, constraint: geometry.Constraint, dim: int, n: int,
                  epsilon: float, delta: float, sparsity: int, regularization: float | None = None,
-                 accountant: str = "pld", rows_per_n: float = 1.0) -> dict:
+                 accountant: str = "pld", rows_per_n: float = 1.0,
+                 model_norm: float | None = None) -> dict:
     """The public plan of Algorithm 6 (public constants only, no data): lambda, the certified
     solve's plan (``objective.solver_plan``), tau, the sensitivity unit L / (lambda n) + tau, the
     calibrated multiplier, sigma and the ``GaussianDpEvent``. ``rows_per_n``: a public bound on
@@ -107,9 +153,21 @@ def plan_release(smooth: objective.Smoothness, constraint: geometry.Constraint, 
     whatever the number of rows: one term of weight 1/n differs)."""
     if constraint.kind not in LINF_KINDS:
         raise ValueError(f"output perturbation needs X in {', '.join(LINF_KINDS)}")
-    diameter = constraint.diameter_l2(dim) if constraint.kind != "none" else objective.REFERENCE_DIAMETER
-    lam = regularization if regularization is not None else default_regularization(
-        smooth.lipschitz, sparsity, dim, n, epsilon, delta, diameter)
+    # the multiplier is for the unit sensitivity, whatever lambda: calibrated first, as the
+    # default D needs it
+    multiplier = accounting.calibrate_noise_multiplier(
+        lambda m: events.GaussianDpEvent(m), epsilon, delta, accountant, accounting.REPLACE_ONE,
+        guess=2.0 * math.sqrt(2.0 * math.log(1.25 / delta)) / epsilon, slope=-1.0)
+    k = noise_constant(smooth.lipschitz, sparsity, dim, n, epsilon, delta)
+    if model_norm is not None:
+        diameter, source = float(model_norm), "declared (--model-norm)"
+    elif constraint.kind != "none":
+        diameter, source = constraint.diameter_l2(dim), "the l2 diameter of the constraint set"
+    else:
+        diameter = default_model_norm(dim, smooth.lipschitz, n, multiplier, k)
+        source = ("the unit box's radius sqrt(d)" if diameter >= math.sqrt(dim) else
+                  f"the cap where the noise's std on a row's score is {SCORE_NOISE:g}")
+    lam = float(regularization) if regularization is not None else math.sqrt(2.0 * k) / diameter
     spread = smooth.lipschitz / (lam * n)                 # half the exact minimizers' sensitivity
     tau = SOLVER_FRACTION * spread
     shape = (1, dim + 1)
@@ -124,11 +182,9 @@ def plan_release(smooth: objective.Smoothness, constraint: geometry.Constraint, 
     unit = spread + tau                                    # a replacement moves it by 2 units
     for unused in ("output_sigma", "noise_norm_bound"):    # (objective perturbation's)
         plan.pop(unused, None)
-    multiplier = accounting.calibrate_noise_multiplier(
-        lambda m: events.GaussianDpEvent(m), epsilon, delta, accountant, accounting.REPLACE_ONE,
-        guess=2.0 * math.sqrt(2.0 * math.log(1.25 / delta)) / epsilon, slope=-1.0)
     plan.update(regularization=lam, sigma=multiplier * unit, noise_multiplier=multiplier,
                 sensitivity_unit=unit, solver_distance=tau, diameter=diameter,
+                diameter_source=source if regularization is None else "unused (--regularization)",
                 event=events.GaussianDpEvent(multiplier))
     return plan
 
@@ -142,8 +198,43 @@ def noiseless_solution(aggregator, gradient, constraint: geometry.Constraint, di
     start = objective.project_model(constraint, np.zeros(shape), False)
     solution = objective.certified_solve(aggregator, gradient, constraint, shape, False, n,
                                          plan["regularization"] / 2.0, np.zeros(shape), start,
-                                         plan, steps_per_chunk, progress)
+                                         plan, steps_per_chunk, progress,
+                                         stage_type=OutputSolverPass)
     return solution[0, :-1]
+
+
+class OutputSolverPass(objective.SolverPass):
+    """The certified solve's pass (``objective.SolverPass``), with this algorithm's canaries for
+    the one-run audit (beam_dp.audit): the canaries are examples of every pass, and they enter
+    one release, the Gaussian on the solution (RELEASE)."""
+
+    @property
+    def canary_releases(self) -> tuple:
+        return (RELEASE,)
+
+    def canary_sum(self, state: objective.SolverState, canaries) -> np.ndarray:
+        """The canaries' gradients at this pass's query point: canary i is the row (F e_i, label
+        -1) if included, else its replacement (F e_i, label +1) (replace-one: one example
+        differs, the worst case for a logistic or Huber loss up to the derivative's size), on its
+        own column. With the intercept a coordinate of x (``InterceptAsCoordinate``) the row is
+        (F e_i, 1), of norm sqrt(F^2 + 1) = L, and its gradient enters that coordinate too."""
+        wrapped = isinstance(self.gradient, InterceptAsCoordinate)
+        glm = self.gradient.glm if wrapped else self.gradient
+        y = self.query(state)
+        bound = glm.transform.norm
+        columns = canaries.columns
+        # the solver's x: coefficients, then (wrapped) the intercept, then an unused column
+        intercept = self.shape[1] - 2
+        scores = bound * y[0, columns] + (y[0, intercept] if wrapped else 0.0)
+        # encoded labels: -1 (logistic's negative class; huber's target -1) pushes the column
+        # down, +1 up
+        labels = np.where(canaries.included, -1.0, 1.0)
+        derivative = glm.loss.derivative(scores[:, None], labels)[:, 0]
+        out = np.zeros(self.shape)
+        out[0, columns] = derivative * bound
+        if wrapped:
+            out[0, intercept] = derivative.sum()
+        return out
 
 
 def execute(aggregator, gradient, constraint: geometry.Constraint, dim: int, n: int, plan: dict,
@@ -272,8 +363,14 @@ class OutputPerturbationOptions:
                            low=0, low_open=True)
     regularization: float | None = option(
         None, "lambda of (lambda / 2) ||x||_2^2; default Thm 7.1's lambda* = sqrt(2K) / D, K = 8 "
-              "L^2 sqrt(s ln(1.25/delta) ln(2d/0.05)) / (n eps), D the l2 diameter of X (2 "
-              "without a constraint)", low=0, low_open=True)
+              "L^2 sqrt(s ln(1.25/delta) ln(2d/0.05)) / (n eps), D --model-norm",
+        low=0, low_open=True)
+    model_norm: float | None = option(
+        None, "D: a public bound on the l2 norm of the models to compete with (coefficients and "
+              "intercept), from which the default lambda is derived (smaller D: more "
+              "regularization, less noise); default the l2 diameter of the --constraint set, or "
+              "without one sqrt(d + 1), the radius of the box where every coefficient is at most "
+              "1 (a score change of 1 per standard deviation or category)", low=0, low_open=True)
     feature_bound: float | None = option(
         None, "F: every row's features are clipped to l2 norm F (dense rows: recorded in "
               "model.json, applied by predict; categorical rows: not recorded, a no-op on one-hot "
@@ -344,7 +441,8 @@ def train(options: OutputPerturbationOptions, problem: Problem, aggregator, seed
     glm = objective.GlmGradient(loss, transform, intercept)
     gradient = InterceptAsCoordinate(glm) if intercept else glm
     plan = plan_release(smooth, constraint, dim, n, privacy.epsilon, privacy.delta,
-                        s + int(intercept), options.regularization, privacy.accountant, rows_per_n)
+                        s + int(intercept), options.regularization, privacy.accountant, rows_per_n,
+                        options.model_norm)
     if plan["passes"] > options.max_passes:
         raise ValueError(f"the certified solve needs {plan['passes']} full passes over the data, "
                          f"more than --max-passes {options.max_passes}: raise --regularization "
