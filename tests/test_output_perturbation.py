@@ -229,14 +229,15 @@ def test_listed_by_beam_dp_algorithms_and_takes_categorical_columns(cli):
     assert r.code == 0 and NAME in r.out, r
 
 
-@pytest.mark.parametrize("dim,binds", [(2 ** 18, "noise"), (11, "box")])
-def test_default_model_norm_is_the_unit_box_capped_by_the_score_noise(dim, binds):
+@pytest.mark.parametrize("dim,n,binds", [(2 ** 18, 200_000, "noise"), (2 ** 18, 50_000, "noise"),
+                                         (11, 50_000, "box")])
+def test_default_model_norm_is_the_unit_box_capped_by_the_score_noise(dim, n, binds):
     """Without a constraint or --model-norm, D = min(sqrt(d), the D whose Gaussian has std
-    SCORE_NOISE on a row's score): with 2^18 columns the cap binds and sigma L is 1/2 with tau at
-    1% of L / (lambda n), as the cap plans it (the certified tau may be larger where float64
-    cannot certify less: at 2^18 columns it is); with 11 columns the box binds and the noise on
-    a score is below 1/2."""
-    L, n = math.sqrt(5.0), 50_000
+    SCORE_NOISE on a row's score): with 2^18 columns the cap binds and sigma L is 1/2, the
+    certified distance tau included (float64's rounding bound makes tau far above 1% of
+    L / (lambda n) there: at 200,000 rows, 3 times it); with 11 columns the box binds and the
+    noise on a score is below 1/2."""
+    L = math.sqrt(5.0)
     smooth = objective.Smoothness(L, L ** 2 / 4, 0.0, 1)
     plan = outp.plan_release(smooth, outp.geometry.Constraint("none", 1.0), dim, n, 1.0, DELTA,
                              5, rows_per_n=objective.ROUNDED_COUNT_RATIO)
@@ -248,8 +249,7 @@ def test_default_model_norm_is_the_unit_box_capped_by_the_score_noise(dim, binds
     assert plan["regularization"] == pytest.approx(math.sqrt(2 * k) / plan["diameter"], rel=1e-12)
     if binds == "noise":
         assert plan["diameter"] < math.sqrt(dim)
-        planned = plan["noise_multiplier"] * (1 + outp.SOLVER_FRACTION) * spread
-        assert planned * L == pytest.approx(outp.SCORE_NOISE, rel=1e-9)
+        assert plan["sigma"] * L == pytest.approx(outp.SCORE_NOISE, rel=1e-9)
         assert plan["diameter_source"].startswith("the cap")
     else:
         assert plan["diameter"] == pytest.approx(math.sqrt(dim), rel=1e-12)

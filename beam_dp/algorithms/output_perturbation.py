@@ -43,11 +43,11 @@ and lambda* balances the two terms for models of that size. D: a declared public
   below 1 (a score change of 1 is a factor e in the odds): the unit box covers them without
   knowing which columns the data uses;
 * the D at which the released Gaussian's standard deviation on a row's score, sigma L, is
-  SCORE_NOISE = 1/2: sigma grows like D (sigma = 1.01 m L / (lambda n), lambda = sqrt(2K) / D),
+  SCORE_NOISE = 1/2: sigma grows with D (sigma = m (L / (lambda n) + tau), lambda = sqrt(2K) / D),
   so competing with larger models buys a smaller bias only with noise that swamps every score.
   With many columns (2^18 hashed buckets) this is the one that binds: sqrt(d) = 512 put the noise
-  at 2.75 per score on a 50,000-row click log (accuracy 0.569, below the majority class's 0.654);
-  the cap gave 0.732 (dpgd 0.751). On a few dense standardized columns the box binds.
+  at 2.75 per score on a 50,000-row click log (accuracy 0.569, below the majority class's 0.654;
+  dpgd 0.751). On a few dense standardized columns the box binds.
 Both are public (d, L, n, epsilon, delta; n is public under replace-one). The earlier default,
 objective perturbation's REFERENCE_DIAMETER 2 (a model of norm 1), made lambda so large on the
 click log that the model predicted about the base rate (0.655 against a majority class of 0.651
@@ -130,16 +130,28 @@ def default_regularization(lipschitz: float, sparsity: int, dim: int, n: int, ep
     return math.sqrt(2.0 * noise_constant(lipschitz, sparsity, dim, n, epsilon, delta)) / diameter
 
 
-def default_model_norm(dim: int, lipschitz: float, n: int, multiplier: float, k: float) -> float:
+def default_model_norm(dim: int, lipschitz: float, k: float, sigma_at) -> float:
     """D without a constraint or a declared bound (module docstring): the smaller of sqrt(dim),
     the l2 radius of the unit box [-1, 1]^dim, and the D at which the released noise's standard
-    deviation on a row's score, sigma L, is SCORE_NOISE. With lambda = sqrt(2K) / D and
-    sigma = (1 + SOLVER_FRACTION) m L / (lambda n) (m the calibrated multiplier), that D is
-    SCORE_NOISE n sqrt(2K) / ((1 + SOLVER_FRACTION) m L^2). Public: from d, L, n (public under
-    replace-one), epsilon and delta only."""
-    quiet = SCORE_NOISE * n * math.sqrt(2.0 * k) / ((1.0 + SOLVER_FRACTION) * multiplier
-                                                    * lipschitz ** 2)
-    return min(math.sqrt(dim), quiet)
+    deviation on a row's score, sigma L, is SCORE_NOISE. ``sigma_at(lambda)``: the plan's sigma
+    at lambda (m (L / (lambda n) + tau), tau the certified distance, which float64's rounding
+    bound makes larger than 1% of L / (lambda n) at large n and d); it falls as lambda grows, and
+    lambda = sqrt(2K) / D. Public: from d, L, n (public under replace-one), epsilon and delta
+    only."""
+    root = math.sqrt(2.0 * k)
+    box = math.sqrt(dim)
+    if sigma_at(root / box) * lipschitz <= SCORE_NOISE:
+        return box
+    low, high = root / box, 2.0 * root / box              # sigma L above, then below the target
+    while sigma_at(high) * lipschitz > SCORE_NOISE:
+        low, high = high, 2.0 * high
+    for _ in range(60):                                   # to about 1e-12 in log lambda
+        middle = math.sqrt(low * high)
+        if sigma_at(middle) * lipschitz > SCORE_NOISE:
+            low = middle
+        else:
+            high = middle
+    return root / high
 
 
 def plan_release(smooth: objective.Smoothness, constraint: geometry.Constraint, dim: int, n: int,
@@ -159,27 +171,33 @@ def plan_release(smooth: objective.Smoothness, constraint: geometry.Constraint, 
         lambda m: events.GaussianDpEvent(m), epsilon, delta, accountant, accounting.REPLACE_ONE,
         guess=2.0 * math.sqrt(2.0 * math.log(1.25 / delta)) / epsilon, slope=-1.0)
     k = noise_constant(smooth.lipschitz, sparsity, dim, n, epsilon, delta)
+    shape = (1, dim + 1)
+    start_norm = float(np.linalg.norm(objective.project_model(constraint, np.zeros(shape), False)))
+
+    def solve_plan(lam: float, diameter: float) -> tuple[dict, float, float]:
+        """The certified solve's plan at lambda, tau and the sensitivity unit."""
+        spread = smooth.lipschitz / (lam * n)             # half the exact minimizers' sensitivity
+        # J's ||theta||^2 coefficient is lambda / 2 (strong convexity lambda)
+        plan = objective.solver_plan(smooth, dim, n, lam / 2.0, 0.0, 1.0, None, diameter,
+                                     math.inf, start_norm, epsilon, delta, rows_per_n)
+        accuracy = max(0.5 * plan["strong_convexity"] * (SOLVER_FRACTION * spread) ** 2,
+                       plan["accuracy_floor"])
+        plan = objective.solver_plan(smooth, dim, n, lam / 2.0, 0.0, 1.0, accuracy, diameter,
+                                     math.inf, start_norm, epsilon, delta, rows_per_n)
+        tau = math.sqrt(2.0 * accuracy / plan["strong_convexity"])
+        return plan, tau, spread + tau                    # a replacement moves it by 2 units
+
     if model_norm is not None:
         diameter, source = float(model_norm), "declared (--model-norm)"
     elif constraint.kind != "none":
         diameter, source = constraint.diameter_l2(dim), "the l2 diameter of the constraint set"
     else:
-        diameter = default_model_norm(dim, smooth.lipschitz, n, multiplier, k)
+        diameter = default_model_norm(dim, smooth.lipschitz, k,
+                                      lambda lam: multiplier * solve_plan(lam, 1.0)[2])
         source = ("the unit box's radius sqrt(d)" if diameter >= math.sqrt(dim) else
                   f"the cap where the noise's std on a row's score is {SCORE_NOISE:g}")
     lam = float(regularization) if regularization is not None else math.sqrt(2.0 * k) / diameter
-    spread = smooth.lipschitz / (lam * n)                 # half the exact minimizers' sensitivity
-    tau = SOLVER_FRACTION * spread
-    shape = (1, dim + 1)
-    start = objective.project_model(constraint, np.zeros(shape), False)
-    # J's ||theta||^2 coefficient is lambda / 2 (strong convexity lambda)
-    plan = objective.solver_plan(smooth, dim, n, lam / 2.0, 0.0, 1.0, None, diameter, math.inf,
-                                 float(np.linalg.norm(start)), epsilon, delta, rows_per_n)
-    accuracy = max(0.5 * plan["strong_convexity"] * tau ** 2, plan["accuracy_floor"])
-    plan = objective.solver_plan(smooth, dim, n, lam / 2.0, 0.0, 1.0, accuracy, diameter,
-                                 math.inf, float(np.linalg.norm(start)), epsilon, delta, rows_per_n)
-    tau = math.sqrt(2.0 * accuracy / plan["strong_convexity"])
-    unit = spread + tau                                    # a replacement moves it by 2 units
+    plan, tau, unit = solve_plan(lam, diameter)
     for unused in ("output_sigma", "noise_norm_bound"):    # (objective perturbation's)
         plan.pop(unused, None)
     plan.update(regularization=lam, sigma=multiplier * unit, noise_multiplier=multiplier,
