@@ -26,7 +26,7 @@ from typing import Callable
 import numpy as np
 from dp_accounting import dp_event as events
 
-from beam_dp import accounting, clipping, features, mechanisms, stats
+from beam_dp import accounting, clipping, features, geometry, mechanisms, stats
 from beam_dp.algorithms.base import (Aggregator, TrainState, load_checkpoint, run_chunks,
                                      save_checkpoint)
 from beam_dp.algorithms.registry import Algorithm, Problem, option
@@ -59,6 +59,9 @@ class NoisyGDConfig:
     steps_per_chunk: int | None = None   # steps per job (full batch); None: the aggregator's choice
     rank: int | None = None            # dpgd: public bound on the feature rank (default d + 1)
     max_steps: int = 100               # dpgd: cap on the rank-based number of steps
+    # dpgd --gradient-estimator projection: the l1 radius C sqrt(s) the noisy mean gradient is
+    # projected onto (paper 001, Algorithm 1); None: the plain Gaussian estimate.
+    projection_radius: float | None = None
 
     def validate(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -92,6 +95,9 @@ class NoisyGDConfig:
             raise ValueError("--num-examples must be at least 1")
         if self.count_epsilon is not None and not self.count_epsilon > 0:
             raise ValueError("--count-epsilon must be positive")
+        if self.projection_radius is not None and not (self.projection_radius > 0
+                                                       and math.isfinite(self.projection_radius)):
+            raise ValueError("the gradient projection's radius must be a positive number")
 
     def averaging(self) -> bool:
         return self.algorithm == "dpgd" if self.average_iterates is None else self.average_iterates
@@ -115,6 +121,9 @@ class NoisyGradientStep:
     # (first step, the noise keys of steps first, first + 1, ...): what a job's copy holds.
     noise_keys: tuple | None = None
     step_scale: "ColumnStepScale | None" = None   # per-coordinate step sizes (public)
+    # Paper 001's projection mechanism (Algorithm 1) as the gradient estimator: the noisy mean
+    # gradient projected onto the l1 ball of this radius, C sqrt(s) (see ``gradient_sparsity``).
+    l1_radius: float | None = None
 
     def for_steps(self, first: int, count: int) -> "NoisyGradientStep":
         """The step for a job running steps first .. first + count - 1: the root seed replaced by
@@ -206,6 +215,9 @@ class NoisyGradientStep:
                 noise[:, -1] = 0.0
             noisy = total + noise
         update = noisy / self.normalizer
+        if self.l1_radius is not None:
+            # Post-processing of the noisy sum: the privacy is the Gaussian's, whatever s.
+            update = geometry.project_l1_ball(update.ravel(), self.l1_radius).reshape(update.shape)
         if self.step_scale is not None:
             update = self.step_scale(update)
         theta = state.theta - self.learning_rate * update
@@ -561,7 +573,8 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
         fit_intercept=config.fit_intercept,
         transform=make_transform(plan["preprocessing"]) if make_transform else None,
         noise=noise,
-        step_scale=make_step_scale(plan["preprocessing"], plan) if make_step_scale else None)
+        step_scale=make_step_scale(plan["preprocessing"], plan) if make_step_scale else None,
+        l1_radius=config.projection_radius)
 
     def after_chunk(new_state: TrainState, k: int) -> None:
         ledger.record(_step_release_name(q), step_event, count=k, **step_params)
@@ -672,6 +685,14 @@ class DpgdOptions:
     precondition_epsilon: float | None = option(
         None, "share of epsilon spent on the column counts of --precondition counts; default "
               "a tenth of epsilon", low=0, low_open=True)
+    gradient_estimator: str = option(
+        "gaussian", "'projection': each step's noisy mean gradient projected onto the l1 ball of "
+                    "radius C sqrt(s), s the nonzeros of one example's gradient (public: the "
+                    "declared columns and the intercept), paper 001's projection mechanism; "
+                    "post-processing, so the same privacy. Its error grows like (ln d)^(1/4) "
+                    "rather than sqrt(d), but it shrinks the gradient: on the click-log benchmark "
+                    "it was 1-2 points below 'gaussian'",
+        choices=("gaussian", "projection"))
 
 
 @dataclasses.dataclass
@@ -702,6 +723,12 @@ def core_config(name: str, options, problem: Problem, exclude=(), secure: bool =
 def _train_noisy(name: str, options, problem: Problem, aggregator, seed: int, ledger, progress):
     # Sparse (categorical) input: float noise, since the exact sums quantize dense rows.
     config = core_config(name, options, problem, exclude=("feature_norm",), secure=not problem.sparse)
+    if getattr(options, "gradient_estimator", "gaussian") == "projection":
+        if config.noise == "secure":
+            raise ValueError("--gradient-estimator projection post-processes float noise; "
+                             "use --noise float")
+        config = dataclasses.replace(config, noise="float", projection_radius=options.clip_norm
+                                     * math.sqrt(gradient_sparsity(problem)))
     if problem.sparse and options.feature_norm:
         raise ValueError("--feature-norm needs dense features; categorical rows have one 1 per "
                          "column, so scale the numeric columns instead")
@@ -717,6 +744,16 @@ def _train_noisy(name: str, options, problem: Problem, aggregator, seed: int, le
                    checkpoint_key={"input": problem.source, "seed_fixed": problem.seed_fixed},
                    initial_theta=problem.initial_theta, make_step_scale=make_step_scale)
     return dataclasses.replace(result, feature_transform=features.spec(normalize))
+
+
+def gradient_sparsity(problem: Problem) -> int:
+    """s, a public bound on the nonzeros of one example's gradient: per output, one per numeric
+    column, one per categorical column (its value's or bucket's, exactly one whatever the value)
+    and the intercept; a dense problem's s is every coefficient. From the declared columns only."""
+    encoding = problem.source.get("encoding")
+    per_output = (len(encoding["numeric_columns"]) + len(encoding["categorical_columns"])
+                  if encoding else problem.dim) + int(problem.fit_intercept)
+    return problem.loss.outputs() * max(per_output, 1)
 
 
 def _preconditioned(options, problem: Problem) -> bool:
