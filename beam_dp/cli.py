@@ -122,6 +122,22 @@ def _add_run_arguments(parser, audit: bool) -> None:
         io.add_argument("--vocabulary", default=None,
                         help="JSON file: categorical column -> list of its values (public; other "
                              "values share an 'other' column; stored in model.json)")
+        io.add_argument("--schema", default=None,
+                        help="JSON file declaring the table: label and its classes, numeric, "
+                             "categorical, ignored and id columns, missing-value policies (see "
+                             "README 'A table's schema'); flags given win over it")
+        io.add_argument("--label-classes", type=_columns, default=None,
+                        help="comma-separated label values in class-id order (text labels such "
+                             "as No,Yes; a binary model's positive class is the second unless "
+                             "--positive-class)")
+        io.add_argument("--positive-class", default=None,
+                        help="the label value that is class 1 of a binary model")
+        io.add_argument("--missing", action="append", default=None, metavar="COLUMN=POLICY",
+                        help="a numeric column's missing cells: constant:V, indicator (fill 0 and "
+                             "add COLUMN_missing), indicator:V, or drop (the row; the label "
+                             "column takes only drop); repeat for each column")
+        io.add_argument("--ignore-columns", type=_columns, default=None,
+                        help="comma-separated columns left out of the default features")
         io.add_argument("--validation", default=None,
                         help="glob of validation files for metrics.json (not covered by the "
                              "guarantee)")
@@ -326,6 +342,11 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     predict.add_argument("--vocabulary", default=None,
                          help="check that this vocabulary file is the one the model was trained "
                               "with (the model carries its own copy)")
+    predict.add_argument("--id-columns", type=_columns, default=None,
+                         help="comma-separated columns copied from the input into the "
+                              "predictions, row by row (default: the --schema's id_columns)")
+    predict.add_argument("--schema", default=None,
+                         help="the training's schema file, for its id_columns")
     voc = sub.add_parser(
         "vocabulary", formatter_class=_Formatter,
         help="release the values of categorical columns privately (for train --vocabulary)",
@@ -885,7 +906,7 @@ def _metrics(args, model, validation_files) -> dict:
 
     open_file = data.open_local if args.runner == "local" else _beam_open_file()
     blocks = (model.feature_map(b) for f in validation_files for b in data.blocks_from_file(
-        f, args.label_column, model.feature_columns, model.loss, args.batch_rows, open_file,
+        f, model.artifact["label_column"], model.feature_columns, model.loss, args.batch_rows, open_file,
         model.encoding))
     metrics = report.evaluate(model.loss, model.theta, blocks)
     metrics["covered_by_privacy_guarantee"] = False
@@ -905,7 +926,24 @@ def _train_model(api, args, beam_args, options, gate=None):
         checkpoint_dir=args.checkpoint_dir, progress=_progress_callback(),
         warm_start=args.warm_start, max_jobs=args.max_jobs, budget_gate=gate,
         categorical_columns=args.categorical_columns, hash_buckets=args.hash_buckets,
-        hash_seed=args.hash_seed, vocabulary=args.vocabulary, **options)
+        hash_seed=args.hash_seed, vocabulary=args.vocabulary, schema=args.schema,
+        label_classes=args.label_classes, positive_class=args.positive_class,
+        missing=_missing_policies(args.missing), ignore_columns=args.ignore_columns, **options)
+
+
+def _missing_policies(given: list[str] | None) -> dict | None:
+    """--missing COLUMN=POLICY flags as a dict (a column given twice is an error)."""
+    if not given:
+        return None
+    out = {}
+    for item in given:
+        column, sep, policy = item.partition("=")
+        if not sep or not column.strip():
+            raise ValueError("--missing takes COLUMN=POLICY (e.g. income=indicator)")
+        if column.strip() in out:
+            raise ValueError(f"--missing gives column '{column.strip()}' twice")
+        out[column.strip()] = policy.strip()
+    return out
 
 
 def _beam_open_file():
@@ -1039,17 +1077,34 @@ def _predict(args) -> int:
                              "trained with (their SHA-256 differ); the model's own copy is used "
                              "without --vocabulary")
     files = sorted({f for pattern in args.input for f in data.list_files(pattern)})
-    predictions, probabilities = [], []
+    id_columns = args.id_columns
+    if id_columns is None and args.schema is not None:
+        from beam_dp import schema as schema_mod
+        id_columns = schema_mod.read(args.schema).get("id_columns")
+    id_columns = list(id_columns or ())
+    predictions, probabilities, dropped, ids = [], [], [], {c: [] for c in id_columns}
     for path in files:
+        if id_columns:
+            ids_of = data.read_columns(path, id_columns, args.batch_rows)
+            for c in id_columns:
+                ids[c].append(ids_of[c])
         for block in data.blocks_from_file(path, None, model.feature_columns, model.loss,
                                            args.batch_rows, encoding=encoding):
             s = model.block_scores(block)
             predictions.append(model.loss.predict(s))
+            dropped.append(block.dropped if block.dropped is not None
+                           else np.zeros(len(block), dtype=bool))
             if model.loss.name == "logistic":
                 probabilities.append(api.losses.expit(s[:, 0]))
-    columns = {"prediction": np.concatenate(predictions)}
+    mask = np.concatenate(dropped) if dropped else np.zeros(0, dtype=bool)
+    labels = model.labels_of(np.concatenate(predictions), mask)
+    columns = {c: pa.concat_arrays([a for part in ids[c] for a in part.chunks])
+               for c in id_columns}
+    columns["prediction"] = (pa.array(labels.tolist()) if labels.dtype == object
+                             else pa.array(labels, mask=mask if mask.any() else None))
     if probabilities:
-        columns["probability"] = np.concatenate(probabilities)
+        columns["probability"] = pa.array(np.concatenate(probabilities),
+                                          mask=mask if mask.any() else None)
     # Written beside the target under a fresh temporary name (created exclusively, so no one
     # can plant a link there), then renamed: no partial file on failure.
     directory, name = os.path.split(os.path.abspath(args.output))

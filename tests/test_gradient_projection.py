@@ -19,6 +19,7 @@ import beam_dp
 from beam_dp import api, geometry, losses, synthetic
 from beam_dp.algorithms import noisy_gd, registry
 from beam_dp.algorithms.base import TrainState
+from beam_dp.categorical import Encoding
 from beam_dp.sampling import PoissonSampler
 
 LOGISTIC = losses.make_loss("logistic")
@@ -57,7 +58,7 @@ def test_the_projected_step_is_the_plain_steps_update_projected():
 
 
 def test_gradient_sparsity_counts_the_declared_columns_and_the_intercept():
-    encoding = {"numeric_columns": ["position"], "categorical_columns": CATEGORICAL}
+    encoding = Encoding(("position",), tuple(CATEGORICAL), hash_buckets=1 << 20).spec()
     privacy = registry.Privacy(epsilon=1.0)
     sparse = registry.Problem(LOGISTIC, 1 << 20, privacy, source={"encoding": encoding}, sparse=True)
     assert noisy_gd.gradient_sparsity(sparse) == 1 + len(CATEGORICAL) + 1
@@ -67,6 +68,11 @@ def test_gradient_sparsity_counts_the_declared_columns_and_the_intercept():
     multinomial = losses.make_loss("softmax", num_classes=4)
     assert noisy_gd.gradient_sparsity(registry.Problem(
         multinomial, 1 << 20, privacy, source={"encoding": encoding}, sparse=True)) == 4 * 5
+    # a missing indicator is one more nonzero per row
+    indicated = Encoding(("position",), tuple(CATEGORICAL), hash_buckets=1 << 20,
+                         missing=(("position", "indicator", 0.0),)).spec()
+    assert noisy_gd.gradient_sparsity(registry.Problem(
+        LOGISTIC, 1 << 20, privacy, source={"encoding": indicated}, sparse=True)) == 1 + 1 + 3 + 1
     # a dense problem: every coefficient
     assert noisy_gd.gradient_sparsity(registry.Problem(LOGISTIC, 7, privacy)) == 8
 

@@ -31,6 +31,7 @@ from beam_dp.algorithms.base import (Aggregator, TrainState, load_checkpoint, ru
                                      save_checkpoint)
 from beam_dp.algorithms.registry import Algorithm, Problem, option
 from beam_dp.batches import PoissonPlan
+from beam_dp.categorical import Encoding
 from beam_dp.losses import MODEL_NAMES, GlmLoss
 from beam_dp.sampling import PoissonSampler
 
@@ -750,9 +751,9 @@ def gradient_sparsity(problem: Problem) -> int:
     """s, a public bound on the nonzeros of one example's gradient: per output, one per numeric
     column, one per categorical column (its value's or bucket's, exactly one whatever the value)
     and the intercept; a dense problem's s is every coefficient. From the declared columns only."""
-    encoding = problem.source.get("encoding")
-    per_output = (len(encoding["numeric_columns"]) + len(encoding["categorical_columns"])
-                  if encoding else problem.dim) + int(problem.fit_intercept)
+    spec = problem.source.get("encoding")
+    per_output = ((Encoding.from_spec(spec).nonzeros_per_row if spec else problem.dim)
+                  + int(problem.fit_intercept))
     return problem.loss.outputs() * max(per_output, 1)
 
 
@@ -775,9 +776,9 @@ def _column_counts(options, problem: Problem, aggregator, seed: int, ledger):
     count_epsilon = options.precondition_epsilon or 0.1 * epsilon
     if epsilon is not None and count_epsilon >= epsilon:
         raise ValueError("--precondition-epsilon is a share of --epsilon: it must be smaller")
-    categorical = problem.source.get("encoding", {})
-    first = len(categorical.get("numeric_columns", ()))
-    per_row = len(categorical.get("categorical_columns", ())) or 1
+    encoding = Encoding.from_spec(problem.source["encoding"])   # (checked: problem.sparse)
+    first = encoding.first_categorical
+    per_row = len(encoding.categorical)
     multiplier = stats.gaussian_noise_multiplier(count_epsilon, problem.privacy.delta)
     noise_std = multiplier * math.sqrt(per_row)
 
