@@ -1145,8 +1145,9 @@ def categorical_frequency_stages(encoding, variant: str, epsilon: float, delta: 
     count when n is not declared (SPARSE_COUNT_SHARE of epsilon; ``ReplaceOneCountStage``), then
     the projection mechanism on the encoded rows, s = k categorical columns, L = sqrt(k).
     Gaussian: the multiplier is calibrated with dp_accounting (replace-one) so that the count and
-    the mean together meet (epsilon, delta). Laplace: the mean gets the rest of epsilon, and the
-    two pure releases compose to pure epsilon-DP (delta unused)."""
+    the mean together meet (epsilon, delta). Laplace: the mean gets the rest of epsilon (less, if
+    the accountant's epsilon of the two needs it), and the two pure releases compose to pure
+    epsilon-DP (delta unused)."""
     if variant not in SPARSE_MEAN_VARIANTS:
         raise ValueError(f"--sparse-mechanism must be one of {', '.join(SPARSE_MEAN_VARIANTS)}")
     if not (epsilon > 0 and math.isfinite(epsilon) and 0 < delta < 1):
@@ -1164,7 +1165,17 @@ def categorical_frequency_stages(encoding, variant: str, epsilon: float, delta: 
             make, epsilon, delta, accountant, accounting.REPLACE_ONE,
             guess=2.0 * math.sqrt(2.0 * math.log(1.25 / delta)) / epsilon, slope=-1.0)
     else:
-        parameter = epsilon - count_epsilon
+        # Pure DP: count_epsilon + the mean's epsilon <= epsilon holds by basic composition; the
+        # accountant's own epsilon must meet the target too (RDP's conversion of pure events is
+        # looser than their sum), so the mean's share is lowered by the smallest factor >= 1
+        # that makes it do so (1 with PLD).
+        rest = epsilon - count_epsilon
+
+        def make(inverse: float):
+            mean = accounting.PureDpEvent(rest / inverse)
+            return events.ComposedDpEvent(count_events + [mean]) if count_events else mean
+        parameter = rest / accounting.calibrate_noise_multiplier(
+            make, epsilon, delta, accountant, accounting.REPLACE_ONE, lower=1.0, guess=1.0)
     mean = SparseMeanStage("categorical_frequencies", first, encoding.dim, variant,
                            math.sqrt(k), k, parameter, seed, (1,))
     # One pass: the count's sum and the mean's are independent; the count is applied first, so
