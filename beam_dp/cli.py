@@ -1017,10 +1017,11 @@ def _stats(args, beam_args: list[str]) -> int:
     return 0
 
 
-def _categorical_input(args, beam_args: list[str]):
-    """The encoding (categorical columns only: ``stats.frequency_encoding``) and the aggregator
-    of ``stats --categorical-columns``; the output is checked before anything is read."""
-    from beam_dp import api, data, losses, report, stats
+def _categorical_input(args, beam_args: list[str], encoding):
+    """The aggregator of ``stats --categorical-columns`` over ``encoding``'s blocks (the
+    categorical columns only: ``stats.frequency_encoding``); the output is checked before
+    anything is read."""
+    from beam_dp import api, data, losses, report
 
     report.check_output_directory(args.output, args.overwrite)
     files = sorted({f for pattern in args.input for f in data.list_files(pattern)})
@@ -1030,14 +1031,13 @@ def _categorical_input(args, beam_args: list[str]):
     columns = list(args.categorical_columns)
     open_file = data.open_local if args.runner == api.LOCAL else _beam_open_file()
     data.check_categorical(files[0], data.read_schema(files[0], open_file), columns)
-    encoding = stats.frequency_encoding(columns, args.hash_buckets, args.hash_seed, args.vocabulary)
     loss = losses.SquaredLoss()   # (no label is read: the loss only types the blocks)
     if args.runner == api.LOCAL:
         from beam_dp.local import LocalAggregator
-        return encoding, LocalAggregator(data.load_blocks(files, None, encoding.columns, loss,
-                                                          args.batch_rows, encoding))
+        return LocalAggregator(data.load_blocks(files, None, encoding.columns, loss,
+                                                args.batch_rows, encoding))
     from beam_dp.beam.aggregator import BeamAggregator
-    return encoding, BeamAggregator(files, None, encoding.columns, loss, args.batch_rows,
+    return BeamAggregator(files, None, encoding.columns, loss, args.batch_rows,
                                     ["--runner", args.runner] + beam_args, encoding=encoding)
 
 
@@ -1053,13 +1053,16 @@ def _categorical_stats(args, beam_args: list[str]) -> int:
         raise ValueError("--noise secure: the categorical frequencies (the projection mechanism) "
                          "have float noise only; use --noise float or leave --noise out")
     variant = args.sparse_mechanism or "gaussian"
-    # Built (and the noise calibrated) before the data is read: a bad request fails at once.
+    # The encoding and the stages (the noise calibrated) before the data is read: a bad request
+    # fails at once. The stages hold a key derived from the root seed, not the seed.
     seed = stats.stages_seed(args.seed if args.seed is not None else mechanisms.secure_seed())
-    encoding, aggregator = _categorical_input(args, beam_args)
+    encoding = stats.frequency_encoding(list(args.categorical_columns), args.hash_buckets,
+                                        args.hash_seed, args.vocabulary)
+    stages = stats.categorical_frequency_stages(encoding, variant, args.epsilon, args.delta, seed,
+                                                count=args.num_examples is None,
+                                                accountant=args.accountant)
+    aggregator = _categorical_input(args, beam_args, encoding)
     try:
-        stages = stats.categorical_frequency_stages(encoding, variant, args.epsilon, args.delta,
-                                                    seed, count=args.num_examples is None,
-                                                    accountant=args.accountant)
         with report.atomic_directory(args.output, args.overwrite) as out:
             ledger = accounting.Ledger(args.accountant, accounting.REPLACE_ONE)
             stats.record_releases(stages, ledger)
