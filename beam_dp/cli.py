@@ -26,6 +26,7 @@ import numpy as np
 
 DEFAULT_BEAM_RUNNER = "FnApiRunner"
 DEFAULT_ALGORITHM = "dpgd"
+SPARSE_MECHANISMS = ("gaussian", "laplace")   # beam_dp.stats.SPARSE_MEAN_VARIANTS (not imported here)
 
 
 def _positive_int(text: str) -> int:
@@ -330,6 +331,25 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     st.add_argument("--seed", type=int, default=None, help="fixed seed (tests only)")
     st.add_argument("--runner", default=DEFAULT_BEAM_RUNNER, help="'local' or a Beam runner")
     st.add_argument("--batch-rows", type=_positive_int, default=65536, help="rows per block read")
+    sparse = st.add_argument_group(
+        "categorical frequencies",
+        "With --categorical-columns, stats releases the frequency of each value (vocabulary)\n"
+        "or hash bucket of those columns instead of the numeric statistics: the mean of the\n"
+        "one-hot rows by the projection mechanism (paper 001, Algorithm 1; replace-one\n"
+        "neighbours; float noise).")
+    sparse.add_argument("--categorical-columns", type=_columns, default=None,
+                        help="comma-separated string or integer columns (as in train)")
+    sparse.add_argument("--hash-buckets", type=_positive_int, default=None,
+                        help="hash each categorical column into its own this many buckets "
+                             "(public); the report names buckets, never values")
+    sparse.add_argument("--hash-seed", type=int, default=0, help="the hash's public seed")
+    sparse.add_argument("--vocabulary", default=None,
+                        help="JSON file: categorical column -> list of its values (public; other "
+                             "values share an 'other' frequency)")
+    sparse.add_argument("--sparse-mechanism", choices=SPARSE_MECHANISMS, default=None,
+                        help="the projection mechanism's noise: gaussian ((epsilon, delta), "
+                             "privacy independent of the sparsity) or laplace (pure epsilon-DP, "
+                             "rows clipped to l1 norm L sqrt(s)); default gaussian")
 
     predict = sub.add_parser("predict", help="apply a trained model to a dataset",
                              formatter_class=_Formatter)
@@ -967,6 +987,13 @@ def _algorithms() -> int:
 def _stats(args, beam_args: list[str]) -> int:
     from beam_dp import accounting, losses, mechanisms, report, stats
 
+    if args.categorical_columns:
+        return _categorical_stats(args, beam_args)
+    if args.sparse_mechanism is not None:
+        raise ValueError("--sparse-mechanism is the noise of the categorical frequencies: it needs "
+                         "--categorical-columns")
+    if args.hash_buckets is not None or args.vocabulary is not None:
+        raise ValueError("--hash-buckets and --vocabulary need --categorical-columns")
     if not args.quantiles or not all(0.0 <= q <= 1.0 for q in args.quantiles):
         raise ValueError("--quantiles must be fractions in [0, 1]")
     if not (args.epsilon > 0 and 0 < args.delta < 1 and 0 < args.value_bound <= 1e150):
@@ -1025,6 +1052,78 @@ def _stats(args, beam_args: list[str]) -> int:
         print(f"beam-dp: warning: {warning}", file=sys.stderr)
     print(f"private statistics of {len(features)} columns: epsilon={summary['privacy']['epsilon']:.4g}, "
           f"delta={args.delta:g}; wrote {args.output}")
+    return 0
+
+
+def _categorical_input(args, beam_args: list[str], encoding):
+    """The aggregator of ``stats --categorical-columns`` over ``encoding``'s blocks (the
+    categorical columns only: ``stats.frequency_encoding``); the output is checked before
+    anything is read."""
+    from beam_dp import api, data, losses, report
+
+    report.check_output_directory(args.output, args.overwrite)
+    files = sorted({f for pattern in args.input for f in data.list_files(pattern)})
+    if not files:
+        raise data.DataError("no input files given")
+    report.check_not_inside(args.output, files)
+    columns = list(args.categorical_columns)
+    open_file = data.open_local if args.runner == api.LOCAL else _beam_open_file()
+    data.check_categorical(files[0], data.read_schema(files[0], open_file), columns)
+    loss = losses.SquaredLoss()   # (no label is read: the loss only types the blocks)
+    if args.runner == api.LOCAL:
+        from beam_dp.local import LocalAggregator
+        return LocalAggregator(data.load_blocks(files, None, encoding.columns, loss,
+                                                args.batch_rows, encoding))
+    from beam_dp.beam.aggregator import BeamAggregator
+    return BeamAggregator(files, None, encoding.columns, loss, args.batch_rows,
+                                    ["--runner", args.runner] + beam_args, encoding=encoding)
+
+
+def _categorical_stats(args, beam_args: list[str]) -> int:
+    """``stats --categorical-columns``: each categorical value's (or bucket's) frequency by the
+    projection mechanism (``stats.categorical_frequency_stages``), under replace-one."""
+    from beam_dp import accounting, mechanisms, report, stats
+
+    if args.feature_columns:
+        raise ValueError("--feature-columns and --categorical-columns: stats releases the numeric "
+                         "statistics or the categorical frequencies; run it once for each")
+    if args.noise == "secure":
+        raise ValueError("--noise secure: the categorical frequencies (the projection mechanism) "
+                         "have float noise only; use --noise float or leave --noise out")
+    variant = args.sparse_mechanism or "gaussian"
+    # The encoding and the stages (the noise calibrated) before the data is read: a bad request
+    # fails at once. The stages hold a key derived from the root seed, not the seed.
+    seed = stats.stages_seed(args.seed if args.seed is not None else mechanisms.secure_seed())
+    encoding = stats.frequency_encoding(list(args.categorical_columns), args.hash_buckets,
+                                        args.hash_seed, args.vocabulary)
+    stages = stats.categorical_frequency_stages(encoding, variant, args.epsilon, args.delta, seed,
+                                                count=args.num_examples is None,
+                                                accountant=args.accountant)
+    aggregator = _categorical_input(args, beam_args, encoding)
+    try:
+        with report.atomic_directory(args.output, args.overwrite) as out:
+            ledger = accounting.Ledger(args.accountant, accounting.REPLACE_ONE)
+            stats.record_releases(stages, ledger)
+            state = aggregator.run_stages(stages, {"n": args.num_examples} if args.num_examples else {})
+            summary = stats.categorical_summary(
+                state, stages, encoding, "public (--num-examples)" if args.num_examples
+                else "private estimate: Laplace count")
+            fields = {"requested_epsilon": args.epsilon, "noise": "float (numpy)",
+                      "sparse_mechanism": variant, "privacy_and_sparsity": stats.SPARSE_PRIVACY[variant]}
+            if variant == "laplace":
+                fields["delta_note"] = "the Laplace variant is pure epsilon-DP: --delta is not spent"
+            summary["privacy"] = _privacy_report(ledger, args.delta, args.seed is not None, **fields)
+            _stop_if_interrupted()
+            report.write_json(out, "stats_report.json", summary)
+    finally:
+        aggregator.close()
+    for warning in summary["warnings"]:     # public bounds only, never a data value
+        print(f"beam-dp: warning: {warning}", file=sys.stderr)
+    print(f"private frequencies of {len(encoding.categorical)} categorical columns "
+          f"({variant} projection mechanism, {encoding.dim} columns): "
+          f"epsilon={summary['privacy']['epsilon']:.4g}"
+          + (f", delta={args.delta:g}" if variant == "gaussian" else " (pure)")
+          + f"; wrote {args.output}")
     return 0
 
 
