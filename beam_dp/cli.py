@@ -10,6 +10,7 @@ in-process FnApiRunner is used (DirectRunner would first try to download the Pri
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -1011,7 +1012,9 @@ def _stats(args, beam_args: list[str]) -> int:
                                             count=args.num_examples is None,
                                             accountant=args.accountant, noise=noise)
 
-    with report.atomic_directory(args.output, args.overwrite) as out:
+    # Closed however the run ends: a calibration that raises must not leave a Beam run's work
+    # directory and shard cache behind.
+    with contextlib.closing(aggregator), report.atomic_directory(args.output, args.overwrite) as out:
         ledger = accounting.Ledger(args.accountant, accounting.ADD_REMOVE)
         # Secure noise unless --noise float; where its samplers' slack would pass 1e-3 delta,
         # refused with --noise secure, float noise (said in the report) by default.
@@ -1033,10 +1036,7 @@ def _stats(args, beam_args: list[str]) -> int:
         stats.record_releases(stages, ledger)
         if secure:
             ledger.notes.append(noisy_gd.secure_release_note())
-        try:
-            state = aggregator.run_stages(stages, {"n": args.num_examples} if args.num_examples else {})
-        finally:
-            aggregator.close()
+        state = aggregator.run_stages(stages, {"n": args.num_examples} if args.num_examples else {})
         summary = stats.summary(state, stages, features,
                                 "public (--num-examples)" if args.num_examples
                                 else "private estimate: discrete Laplace count" if secure
