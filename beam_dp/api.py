@@ -503,6 +503,13 @@ def encode_rows(X, encoding: Encoding):
     categorical columns, else dense; a row a "drop" policy leaves out is filled with zeros and
     flagged in the second value."""
     import pyarrow as pa
+    if not encoding.categorical and not hasattr(X, "columns") and not isinstance(X, dict):
+        # No categorical columns: a matrix of the numeric columns, in order, will do.
+        x = data.as_feature_matrix(X)
+        if x.shape[1] != len(encoding.numeric):
+            raise ValueError(f"X has {x.shape[1]} columns; the model has {len(encoding.numeric)} "
+                             "features")
+        X = {name: x[:, j] for j, name in enumerate(encoding.numeric)}
     try:
         table = pa.Table.from_pandas(X, preserve_index=False) if hasattr(X, "columns") else pa.table(X)
     except (TypeError, ValueError, pa.ArrowException):

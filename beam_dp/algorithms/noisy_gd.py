@@ -657,6 +657,15 @@ def _plan(config: NoisyGDConfig, dataset_size: dict, ledger: accounting.Ledger, 
 
 _CLIP = option(1.0, "per-example gradient clip norm C (the sensitivity of each noisy sum)",
                low=0, low_open=True)
+_SCALE = option("none", "'private': each feature column clipped to its private 2nd-98th "
+                        "percentile range and mapped to [-1, 1] (exponential-mechanism quantiles "
+                        "on a public log grid, --scale-epsilon of the budget; recorded in "
+                        "model.json, applied again by predict); 'auto': the same where the "
+                        "quantiles' rank error is below a quarter of the (noisy) n, else none "
+                        "(said in the report); 'none': features as given",
+                choices=("none", "private", "auto"))
+_SCALE_EPSILON = option(None, "the budget of --scale-features private's quantiles; default a "
+                              "tenth of epsilon", low=0, low_open=True)
 _FEATURE_NORM = option(None, "normalize every feature vector to this norm before training "
                              "(recorded in model.json, applied again by predict); default: "
                              "features used as given, so --clip-norm must suit their scale",
@@ -679,6 +688,8 @@ class DpgdOptions:
               "steps and whose average would keep part of the way from zero (measured on the "
               "click-log benchmark: accuracy 0.729 averaged, 0.743 last)")
     feature_norm: float | None = _FEATURE_NORM
+    scale_features: str = _SCALE
+    scale_epsilon: float | None = _SCALE_EPSILON
     precondition: str = option("auto", "categorical columns' steps scaled by n / (their private "
                                        "count): 'counts', 'none', or 'auto' (counts with "
                                        "--categorical-columns and --epsilon)",
@@ -707,6 +718,8 @@ class DpsgdOptions:
     steps: int | None = option(None, "number of steps; overrides --epochs", low=1)
     average_iterates: bool = option(False, "output the average of the iterates rather than the last")
     feature_norm: float | None = _FEATURE_NORM
+    scale_features: str = _SCALE
+    scale_epsilon: float | None = _SCALE_EPSILON
 
 
 def core_config(name: str, options, problem: Problem, exclude=(), secure: bool = False) -> NoisyGDConfig:
@@ -735,16 +748,90 @@ def _train_noisy(name: str, options, problem: Problem, aggregator, seed: int, le
                          "column, so scale the numeric columns instead")
     normalize = features.NormalizeRows(options.feature_norm) if options.feature_norm else None
     preprocess = make_step_scale = None
+    make_transform = (lambda pre: normalize) if normalize else None
+    if options.scale_features in ("private", "auto"):
+        preprocess, make_transform = _column_scaling(options, problem, aggregator, seed, ledger)
     if _preconditioned(options, problem):
         preprocess, make_step_scale = _column_counts(options, problem, aggregator, seed, ledger)
         if options.average_iterates is None:
             config = dataclasses.replace(config, average_iterates=False)
     result = train(config, problem.loss, problem.dim, aggregator, seed, ledger, progress,
-                   problem.checkpoint_dir, preprocess=preprocess,
-                   make_transform=(lambda pre: normalize) if normalize else None,
-                   checkpoint_key={"input": problem.source, "seed_fixed": problem.seed_fixed},
+                   problem.checkpoint_dir, preprocess=preprocess, make_transform=make_transform,
+                   checkpoint_key={"input": problem.source, "seed_fixed": problem.seed_fixed,
+                                   "scale_features": options.scale_features},
                    initial_theta=problem.initial_theta, make_step_scale=make_step_scale)
-    return dataclasses.replace(result, feature_transform=features.spec(normalize))
+    applied = make_transform(result.preprocessing) if make_transform else None
+    return dataclasses.replace(result, feature_transform=features.spec(applied))
+
+
+SCALE_QUANTILES = (0.02, 0.98)
+# --scale-features auto scales where the quantiles' 95% rank error is below this share of n (the
+# margin then keeps the range at least the inter-quartile one). Above it the targets are pulled
+# toward the median and the range collapses. Measured at epsilon 1 (3 seeds):
+# * ISLR Default, n = 8,000, d = 2, error/n = 0.09: ROC AUC 0.956 scaled vs 0.569 unscaled;
+# * AER CreditCard, n = 1,055, d = 10, error/n = 3.5: accuracy 0.77 scaled vs 0.96 unscaled.
+AUTO_SCALE_RANK_ERROR = 0.25
+SCALE_GRID_BOUND, SCALE_GRID_SIZE = 1e9, 601   # +-[1e-3, 1e9], 10% steps, and 0
+_SCALE_STREAM = 12
+
+
+def _column_scaling(options, problem: Problem, aggregator, seed: int, ledger):
+    """``--scale-features private``: each column's 2nd and 98th percentiles by the exponential
+    mechanism (``stats.QuantileStage``: pure epsilon each, under add/remove; the targets kept
+    their 95% rank error inside the data, so a small n lands inside it rather than anywhere on
+    the grid), then the map of each column onto [-1, 1] (``features.ScaleColumns``).
+
+    Why quantiles on a public log grid: a range has to come from somewhere, and reading it from
+    the data un-noised is what diffprivlib warns about (PrivacyLeakWarning); a log grid from
+    1e-3 to 1e9 in 10% steps covers incomes and 0/1 columns alike, and a value outside it is
+    only clipped."""
+    if problem.sparse:
+        raise ValueError("--scale-features private needs dense features (with "
+                         "--categorical-columns the numeric columns are not scaled yet)")
+    if options.feature_norm:
+        raise ValueError("--scale-features private and --feature-norm are two maps of the same "
+                         "features: choose one")
+    epsilon = problem.privacy.epsilon
+    share = options.scale_epsilon or (0.1 * epsilon if epsilon is not None else None)
+    if share is None:
+        raise ValueError("--scale-features private with --noise-multiplier needs --scale-epsilon "
+                         "(the quantiles' budget)")
+    if epsilon is not None and share >= epsilon:
+        raise ValueError("--scale-epsilon is a share of --epsilon: it must be smaller")
+    d = problem.dim
+    per_release = share / (d * len(SCALE_QUANTILES))
+    grid = np.repeat(stats.symmetric_log_grid(SCALE_GRID_BOUND, SCALE_GRID_SIZE, 1e12), d, axis=0)
+    stage = stats.QuantileStage(
+        "column_bounds", stats.Columns(), stats.FixedGrid(grid), d, SCALE_GRID_SIZE,
+        SCALE_QUANTILES, per_release, stats.stages_seed(seed), (_SCALE_STREAM,),
+        margin=stats.quantile_rank_error_bound(SCALE_GRID_SIZE, per_release, 0.05))
+
+    def preprocess(n: int) -> dict:
+        error = stage.rank_error_bound(0.05)
+        if options.scale_features == "auto" and error > AUTO_SCALE_RANK_ERROR * n:
+            # Decided from the released count and public constants: nothing is spent.
+            return {"column_bounds": None, "scaling_skipped": (
+                f"--scale-features auto: the quantiles' 95% rank error ({error:.0f} rows at "
+                f"{per_release:.3g} epsilon each) is above {AUTO_SCALE_RANK_ERROR:.0%} of n; "
+                "features used as given")}
+        stats.record_releases([stage], ledger)
+        bounds = aggregator.run_stages([stage], {"n": n})["column_bounds"]
+        return {"column_bounds": {"low": bounds[:, 0].tolist(), "high": bounds[:, 1].tolist(),
+                                  "quantiles": list(SCALE_QUANTILES), "epsilon": share,
+                                  "rank_error_95": stage.rank_error_bound(0.05)}}
+
+    def make_transform(pre: dict):
+        bounds = pre["column_bounds"]
+        if bounds is None:
+            return None
+        low, high = np.asarray(bounds["low"]), np.asarray(bounds["high"])
+        # Quantiles released independently may cross (both inside one grid cell, or a column
+        # with almost all rows equal): the range is then their span.
+        return features.ScaleColumns(tuple(np.minimum(low, high).tolist()),
+                                     tuple(np.maximum(low, high).tolist()))
+
+    return preprocess, make_transform
+
 
 
 def gradient_sparsity(problem: Problem) -> int:
