@@ -907,6 +907,14 @@ def _train_and_write(api, args, beam_args, options, validation_files, release, l
         model.privacy_report["ledger"] = {"dataset_id": args.dataset_id,
                                           "partitions": args.partition or []}
     metrics = _metrics(args, model, validation_files) if validation_files else None
+    if metrics is not None and metrics.get("better_than_constant") is False:
+        # Said, not refused: the model is the release, and the user decides what to do with it.
+        metric = "accuracy" if "accuracy" in metrics else "rmse"
+        print(f"beam-dp: warning: the model is no better than a constant predictor on the "
+              f"validation data ({metric} {metrics[metric]:.4g}, the constant's "
+              f"{metrics['constant_baseline'][metric]:.4g}; not covered by the privacy "
+              "guarantee): try --scale-features auto, another --clip-norm or learning rate, or "
+              "more epsilon", file=sys.stderr)
     _stop_if_interrupted()
     files = {"model.json": report.json_text(model.artifact),
              "privacy_report.json": report.json_text(model.privacy_report)}

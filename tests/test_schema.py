@@ -314,3 +314,41 @@ def test_real_tables_as_the_package_gives_them_train_with_one_command(tmp_path, 
         dropped = frame[label].isna().to_numpy() if declared.get("missing", {}).get(label) else None
         assert all(v is not None for v in values)   # a missing label does not stop predict
         assert dropped is None or len(values) == len(dropped)
+
+
+# ----------------------------------------------------------- a model no better than a constant
+
+
+@pytest.mark.parametrize("task", ["classification", "regression"])
+def test_a_model_no_better_than_a_constant_is_said_so(tmp_path, cli, task):
+    """Unscaled columns in the tens of thousands with clip norm 1 (the issue's ISLR Default
+    case): the model is the majority class (or worse than the mean); the run exits 0 but says so
+    on stderr and in metrics.json. A useful model on the same flags is not flagged."""
+    g = np.random.default_rng(7)
+    n = 4000
+    income = g.normal(size=n) * 2e4 + 4e4
+    useful = g.normal(size=n)
+    if task == "classification":
+        label = np.where(g.random(n) < 0.1, "Yes", "No")
+        flags = ["--label-classes", "No,Yes"]
+        table = pa.table({"income": income, "y": pa.array(label)})
+    else:
+        label = 50.0 + 10.0 * useful + g.normal(size=n)   # far outside what 100 steps reach
+        flags = ["--model", "linear"]
+        table = pa.table({"income": income, "y": label})
+    pq.write_table(table, tmp_path / "t.parquet")
+    r = cli("train", "--input", str(tmp_path / "t.parquet"), "--label-column", "y", *flags,
+            "--epsilon", "1", "--runner", "local", "--seed", "2", "--output", str(tmp_path / "m"),
+            "--validation", str(tmp_path / "t.parquet"))
+    assert r.code == 0, r.err
+    metrics = json.loads((tmp_path / "m" / "metrics.json").read_text())
+    assert metrics["better_than_constant"] is False, metrics
+    assert "no better than a constant predictor" in r.err
+    # a model that learns something is not flagged
+    good = pa.table({"x": useful, "y": pa.array(np.where(useful > 0, "Yes", "No"))})
+    pq.write_table(good, tmp_path / "good.parquet")
+    r = cli("train", "--input", str(tmp_path / "good.parquet"), "--label-column", "y",
+            "--label-classes", "No,Yes", "--epsilon", "1", "--runner", "local", "--seed", "2",
+            "--output", str(tmp_path / "g"), "--validation", str(tmp_path / "good.parquet"))
+    assert r.code == 0 and "no better than a constant" not in r.err
+    assert json.loads((tmp_path / "g" / "metrics.json").read_text())["better_than_constant"] is True
