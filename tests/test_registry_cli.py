@@ -460,6 +460,7 @@ SKEW_CASES = [
     ("heavy-tailed-md", "heavy-tailed-md", "linear", "regression", [], None),
     ("objective-perturbation", "objective-perturbation", "logistic", "binary", [],
      ("clip_rows", None)),
+    ("bias-reduced-sgd", "bias-reduced-sgd", "logistic", "binary", [], None),
 ]
 
 
