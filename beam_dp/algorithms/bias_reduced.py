@@ -856,7 +856,8 @@ def train(options: BiasReducedOptions, problem: registry.Problem, aggregator, se
             ledger.record(RELEASE, step_event(j, n, estimator, method), count=int(c), level=j,
                           batch_size=1 << j, noise_multiplier=estimator.noise_multiplier,
                           call_epsilon=estimator.epsilon, call_delta=estimator.delta,
-                          accounting=method, noise="float Gaussian (numpy) on float sums")
+                          accounting=method, neighbouring=accounting.REPLACE_ONE,
+                          noise="float Gaussian (numpy) on float sums")
     reported = ledger.epsilon(delta)
     outputs = problem.loss.outputs()
     shape = (3, outputs, problem.dim + 1)
