@@ -2,8 +2,9 @@
 001, Ghazi, Guzman, Kamath, Kumar & Manurangsi 2024, Algorithms 3 and 4, Lemmas 5.3-5.5; the
 note /work/shared/papers/001, §1A "Algorithm 3" and "Algorithm 4", §4.3 "Alg. 3/4 in
 data-parallel training", §4.4). A Beam-free numpy core: the per-step data access is "the
-per-example gradients of the rows with these indices at x" (``gradients_fn(idx, x)``), which the
-registry can later route through the Aggregator.
+per-example gradients of the rows with these indices at x" (``gradients_fn(idx, x)``); the
+registered algorithm (``BIAS_REDUCED_SGD``, ``beam-dp train --algorithm bias-reduced-sgd``, at the
+end of this module) routes it through the Aggregator as one stage per step.
 
 The estimator (Algorithm 3). ME is the sparse mean estimator of ``beam_dp.stats`` (Algorithm 1,
 the projection mechanism: clip each row, average, add noise calibrated to (epsilon0, delta0),
