@@ -112,10 +112,12 @@ def _add_run_arguments(parser, audit: bool) -> None:
                     help="comma-separated; default: every column but the label (CSV: by the "
                          "header; Parquet: every numeric column by its declared type)")
     if not audit:
+        from beam_dp.algorithms import registry   # (imported late, as the algorithms' flags)
         io.add_argument("--categorical-columns", type=_columns, default=None,
                         help="comma-separated string or integer columns, encoded as sparse "
-                             "features (needs --hash-buckets or --vocabulary; algorithm dpgd); "
-                             "never inferred from the cells")
+                             "features (needs --hash-buckets or --vocabulary; algorithms "
+                             f"{', '.join(a.name for a in registry.algorithms().values() if a.sparse_input)}"
+                             "); never inferred from the cells")
         io.add_argument("--hash-buckets", type=_positive_int, default=None,
                         help="feature hashing of the categorical columns into this many columns "
                              "(public; recorded in model.json)")

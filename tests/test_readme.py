@@ -48,3 +48,17 @@ def test_ci_runs_the_readme_test_command():
     (command,) = re.findall(r"```\n(.*?)\n```", section, flags=re.S)
     with open(os.path.join(ROOT, ".ci", "run")) as f:
         assert command in f.read()
+
+
+def test_every_registered_algorithm_is_in_the_readme_tables():
+    """The guide ("which algorithm") and the "Algorithms" table name every registered algorithm,
+    and nothing that is not registered."""
+    from beam_dp.algorithms import registry
+
+    registered = set(registry.algorithms())
+    table = _section("Algorithms")
+    described = set(re.findall(r"^\| `([a-z][\w-]*)` \|", table, flags=re.M))
+    assert described == registered, (described ^ registered)
+    guide = _readme()
+    for name in registered:
+        assert re.search(rf"^\|[^\n]*\| `{re.escape(name)}`", guide, flags=re.M), name
