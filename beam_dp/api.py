@@ -21,10 +21,14 @@ import numpy as np
 
 from beam_dp import accounting, data, features, losses, mechanisms, report
 from beam_dp.algorithms import registry
+from beam_dp import schema as schema_mod
 from beam_dp.categorical import Encoding, make_encoding
 
 DEFAULT_BEAM_RUNNER = "FnApiRunner"   # DirectRunner first tries to download Prism: no network
 LOCAL = "local"
+
+
+_SCHEMA_DEFAULTS = dict(label_column="label", hash_seed=0)
 
 
 class PrivacyWarning(UserWarning):
@@ -45,7 +49,9 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
           warm_start: "str | Model | None" = None, max_jobs: int | None = None,
           budget_gate: Callable | None = None, categorical_columns: Sequence[str] | None = None,
           hash_buckets: int | None = None, hash_seed: int = 0, vocabulary: str | None = None,
-          **options) -> "Model":
+          label_classes: Sequence[str] | None = None, positive_class: str | None = None,
+          missing: dict | None = None, ignore_columns: Sequence[str] | None = None,
+          schema: "str | dict | None" = None, **options) -> "Model":
     """Trains a differentially private GLM; see the module docstring.
 
     ``epsilon`` (with ``delta``) calibrates the noise; ``noise_multiplier`` instead reports the
@@ -67,10 +73,28 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
     ``categorical_columns`` (file input): string or integer columns encoded as sparse features
     through ``hash_buckets`` (with the public ``hash_seed``) or a ``vocabulary`` file
     (``beam_dp.categorical``); the model records the encoding and ``predict`` applies it.
+
+    The table's schema (``beam_dp.schema``: a JSON file or dict in ``schema``, or these
+    keywords, which win over it): ``label_classes`` (text labels, in class-id order; a binary
+    model's ``positive_class`` defaults to the second), ``missing`` (column -> "constant:V",
+    "indicator", "indicator:V" or "drop"; the label column only "drop"), ``ignore_columns``
+    (left out of the default features).
     """
     if mechanisms.NOISE_SCALE_FOR_TESTS != 1.0:   # the audit's broken build must not train models
         raise RuntimeError("this process has mechanisms.NOISE_SCALE_FOR_TESTS set (a test-only "
                            "hook that scales every noise draw): refusing to train")
+    if schema is not None:
+        declared = schema_mod.read(schema) if isinstance(schema, str) else schema_mod.from_dict(schema)
+        declared.pop("id_columns", None)   # predict's
+        given = dict(label_column=label_column, feature_columns=feature_columns,
+                     categorical_columns=categorical_columns, hash_buckets=hash_buckets,
+                     hash_seed=hash_seed, vocabulary=vocabulary, label_classes=label_classes,
+                     positive_class=positive_class, missing=missing, ignore_columns=ignore_columns)
+        merged = schema_mod.merge(declared, given, _SCHEMA_DEFAULTS)
+        (label_column, feature_columns, categorical_columns, hash_buckets, hash_seed, vocabulary,
+         label_classes, positive_class, missing, ignore_columns) = (merged[k] for k in given)
+    if label_classes is not None and model == "softmax" and num_classes is None:
+        num_classes = len(label_classes)   # public: the declared classes
     run = _run(X, y, input=input, algorithm=algorithm, model=model, epsilon=epsilon, delta=delta,
                noise_multiplier=noise_multiplier, accountant=accountant,
                num_examples=num_examples, count_epsilon=count_epsilon, noise=noise,
@@ -80,7 +104,9 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
                steps_per_job=steps_per_job, checkpoint_dir=checkpoint_dir, progress=progress,
                warm_start=warm_start, max_jobs=max_jobs, budget_gate=budget_gate, options=options,
                categorical=dict(categorical_columns=categorical_columns, hash_buckets=hash_buckets,
-                                hash_seed=hash_seed, vocabulary=vocabulary))
+                                hash_seed=hash_seed, vocabulary=vocabulary,
+                                label_classes=label_classes, positive_class=positive_class,
+                                missing=missing, ignore_columns=ignore_columns))
     artifact = report.model_artifact(run.loss, run.result.theta, run.feature_columns, label_column,
                                      run.algorithm.name, fit_intercept, run.result.feature_transform,
                                      run.result.constraint,
@@ -134,7 +160,8 @@ def _run(X, y, *, input, algorithm, model, epsilon, delta, noise_multiplier, acc
         if runner not in (None, LOCAL):
             raise ValueError("in-memory arrays train in-process; write them to files to use a Beam runner")
         if categorical and any(v not in (None, 0) for v in categorical.values()):
-            raise ValueError("categorical columns are read from files (input=); encode in-memory "
+            raise ValueError("categorical columns, label classes, missing-value policies and "
+                             "ignored columns are read from files (input=); encode in-memory "
                              "arrays first")
         feature_columns, aggregator = _array_input(X, y, loss, feature_columns, batch_rows)
         files = "in-memory arrays"
@@ -154,7 +181,7 @@ def _run(X, y, *, input, algorithm, model, epsilon, delta, noise_multiplier, acc
     problem = registry.Problem(loss, encoding.dim if encoding is not None else len(feature_columns),
                                privacy, fit_intercept, steps_per_job, checkpoint_dir, source,
                                seed_fixed=seed is not None, initial_theta=initial,
-                               sparse=encoding is not None)
+                               sparse=encoding is not None and encoding.sparse)
     chosen.check(problem)
     ledger = accounting.Ledger(accountant, chosen.relation, gate=budget_gate)
     try:
@@ -243,11 +270,16 @@ def file_input(input, runner, pipeline_args, loss, label_column, feature_columns
         from beam_dp.beam.transforms import open_file
     categorical = dict(categorical or {})
     named = list(categorical.pop("categorical_columns", None) or ())
+    ignore = list(categorical.pop("ignore_columns", None) or ())
     columns = data.resolve_feature_columns(files[0], label_column, feature_columns, open_file,
-                                           require_label=read_label, categorical=named)
+                                           require_label=read_label, categorical=named,
+                                           ignore=ignore,
+                                           text_label=bool(categorical.get("label_classes")))
+    categorical["missing"] = schema_mod.label_policy(categorical.get("missing"), label_column)
     encoding = make_encoding(columns, named, **categorical)
     if encoding is not None:
         columns = encoding.columns
+        _check_classes(encoding, loss)
     read = label_column if read_label else None
     if runner == LOCAL:
         from beam_dp.local import LocalAggregator
@@ -257,6 +289,23 @@ def file_input(input, runner, pipeline_args, loss, label_column, feature_columns
     return files, columns, BeamAggregator(files, read, columns, loss, batch_rows,
                                           ["--runner", runner] + pipeline_args,
                                           encoding=encoding), encoding
+
+
+def _check_classes(encoding: Encoding, loss: losses.GlmLoss) -> None:
+    """Declared label classes fit the model: two for a binary one, num_classes for softmax,
+    none for regression."""
+    classes = encoding.label_classes
+    if classes is None:
+        return
+    if not loss.is_classifier:
+        raise ValueError(f"--label-classes declares classes, but --model {loss.name} is a regression")
+    if loss.name == "softmax":
+        if len(classes) != loss.outputs():
+            raise ValueError(f"--label-classes lists {len(classes)} classes, --num-classes is "
+                             f"{loss.outputs()}")
+    elif len(classes) != 2:
+        raise ValueError(f"--model {loss.name} is binary: --label-classes must list two classes "
+                         "(use --model softmax for more)")
 
 
 def _feature_names(X, feature_columns, width: int) -> list[str]:
@@ -365,8 +414,34 @@ class Model:
         return s[:, 0] if s.shape[1] == 1 else s
 
     def predict(self, X) -> np.ndarray:
-        x = self._features(X)
-        return self.loss.predict(self.block_scores(data.Block(x, np.zeros(x.shape[0]))))
+        """Predictions: class ids (or the declared class names, ``label_classes``), or values.
+        A row that a declared "drop" policy would leave out of training gets None (NaN for a
+        regression)."""
+        encoding = self.encoding
+        if encoding is not None:
+            x, dropped = encode_rows(X, encoding)
+        else:
+            x, dropped = self._features(X), None
+        ids = self.loss.predict(self.block_scores(data.Block(x, np.zeros(x.shape[0]))))
+        return self.labels_of(ids, dropped)
+
+    def labels_of(self, predicted: np.ndarray, dropped: np.ndarray | None = None) -> np.ndarray:
+        """Predicted ids as the declared class names (if any); rows in ``dropped`` as None (or
+        NaN for numbers)."""
+        encoding = self.encoding
+        classes = encoding.label_classes if encoding is not None else None
+        if classes is not None:
+            if len(classes) == 2 and encoding.positive_class is not None:
+                negative = [c for c in classes if c != encoding.positive_class][0]
+                names = np.array([negative, encoding.positive_class], dtype=object)
+            else:
+                names = np.array(classes, dtype=object)
+            predicted = names[np.asarray(predicted, dtype=np.int64)]
+        if dropped is not None and dropped.any():
+            predicted = np.array(predicted, dtype=object if classes is not None or
+                                 self.loss.is_classifier else np.float64)
+            predicted[dropped] = None if predicted.dtype == object else np.nan
+        return predicted
 
     def predict_proba(self, X) -> np.ndarray:
         """Class probabilities, (m, 2) for logistic (columns: class 0, class 1) and (m, K) for
@@ -383,6 +458,11 @@ class Model:
     def score(self, X, y) -> float:
         """Accuracy for classifiers, R^2 for regression (scikit-learn's conventions)."""
         prediction = self.predict(X)
+        encoding = self.encoding
+        if encoding is not None and encoding.label_classes is not None:
+            truth = np.asarray(y, dtype=object).reshape(-1).astype(str)
+            scored = np.array([p is not None for p in prediction])   # not dropped
+            return float(np.mean(prediction[scored].astype(str) == truth[scored]))
         y = np.asarray(y, dtype=np.float64).reshape(-1)
         if self.loss.is_classifier:
             truth = (y > 0).astype(np.int64) if self.loss.name in ("logistic", "hinge") else y
@@ -410,18 +490,34 @@ class Model:
 
 
 def encode_columns(X, encoding: Encoding):
-    """CSR features of in-memory columns (a DataFrame, or a dict of column -> values) through a
-    model's encoding: its numeric columns as numbers (checked finite), its categorical ones as
-    text. A value the encoding has not seen takes its hash bucket or its column's "other" id."""
+    """The features of in-memory columns (a DataFrame, or a dict of column -> values) through a
+    model's encoding (``encode_rows``, whose flagged rows are left filled with zeros)."""
+    return encode_rows(X, encoding)[0]
+
+
+def encode_rows(X, encoding: Encoding):
+    """(features, dropped rows or None) of in-memory columns (a DataFrame, or a dict of column ->
+    values) through a model's encoding: its numeric columns as numbers (a missing cell by its
+    declared policy, else checked finite), its categorical ones as text. A value the encoding
+    has not seen takes its hash bucket or its column's "other" id. The features are CSR with
+    categorical columns, else dense; a row a "drop" policy leaves out is filled with zeros and
+    flagged in the second value."""
     import pyarrow as pa
+    if not encoding.categorical and not hasattr(X, "columns") and not isinstance(X, dict):
+        # No categorical columns: a matrix of the numeric columns, in order, will do.
+        x = data.as_feature_matrix(X)
+        if x.shape[1] != len(encoding.numeric):
+            raise ValueError(f"X has {x.shape[1]} columns; the model has {len(encoding.numeric)} "
+                             "features")
+        X = {name: x[:, j] for j, name in enumerate(encoding.numeric)}
     try:
         table = pa.Table.from_pandas(X, preserve_index=False) if hasattr(X, "columns") else pa.table(X)
     except (TypeError, ValueError, pa.ArrowException):
         raise ValueError("a model with categorical columns predicts from a DataFrame or a dict "
                          "of columns") from None
-    missing = [c for c in encoding.columns if c not in table.column_names]
-    if missing:
-        raise ValueError(f"X lacks the model's column(s): {', '.join(missing)}")
+    absent = [c for c in encoding.columns if c not in table.column_names]
+    if absent:
+        raise ValueError(f"X lacks the model's column(s): {', '.join(absent)}")
     m = table.num_rows
     numeric = np.empty((m, len(encoding.numeric)))
     for j, name in enumerate(encoding.numeric):
@@ -429,9 +525,11 @@ def encode_columns(X, encoding: Encoding):
         if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)
                 or pa.types.is_null(column.type)):
             raise ValueError(f"column '{name}' must hold numbers")
-        numeric[:, j] = column.cast(pa.float64(), safe=False).to_numpy()
-    data.check_finite(numeric, "X", 0, list(encoding.numeric))
-    return encoding.encode(numeric, {c: table.column(c) for c in encoding.categorical})
+        numeric[:, j] = column.cast(pa.float64(), safe=False).to_numpy(zero_copy_only=False)
+    dense, keep = encoding.fill(numeric)   # the declared missing-value policies
+    data.check_finite(dense, "X", 0, encoding.dense_names)
+    return (encoding.encode(dense, {c: table.column(c) for c in encoding.categorical}),
+            None if keep.all() else ~keep)
 
 
 def options_of(algorithm: str) -> dict:

@@ -105,38 +105,103 @@ def hash_text(values: pa.Array, key: np.uint64) -> np.ndarray:
     return h
 
 
+MISSING_POLICIES = ("constant", "indicator", "drop")
+
+
 @dataclasses.dataclass(frozen=True)
 class Encoding:
-    """How raw columns become the model's features: ``numeric`` columns as they are, then the
+    """How raw columns become the model's features (and, with declared classes, its labels):
+    ``numeric`` columns as they are (a missing cell by its column's ``missing`` policy), one
+    0/1 indicator column per numeric column whose policy is "indicator", then the
     ``categorical`` ones through hashing (``hash_buckets``) or a ``vocabulary`` (per column, a
-    tuple of its values; id = position, ``len`` = the column's "other")."""
+    tuple of its values; id = position, ``len`` = the column's "other").
+
+    Missing numeric cells (null, an empty CSV cell, or NaN): with no policy they stop the job (a
+    DataError naming the row and column); "constant" fills the declared value; "indicator" fills
+    it and sets the column's indicator to 1; "drop" leaves the row out of training (predict gives
+    it no prediction). All of it is declared, public, and stored in model.json, so ``predict``
+    applies it again; none of it is learnt from the data.
+
+    ``label_classes``: the label's values as text, in the order of their class ids (softmax), or
+    the two classes of a binary model, ``positive_class`` being class 1. ``label_missing`` "drop"
+    leaves rows with a missing label out (else they are an error)."""
 
     numeric: tuple
     categorical: tuple
     hash_buckets: int | None = None
     hash_seed: int = 0
     vocabulary: tuple | None = None     # ((column, (value, ...)), ...) in categorical order
+    missing: tuple = ()                 # ((numeric column, policy, fill value), ...)
+    label_classes: tuple | None = None
+    positive_class: str | None = None
+    label_missing: str = "error"
 
     def __post_init__(self):
-        if not self.categorical:
-            raise EncodingError("an encoding needs at least one categorical column")
+        if not (self.categorical or self.missing or self.label_classes
+                or self.label_missing != "error"):
+            raise EncodingError("an encoding needs a categorical column, a missing-value policy "
+                                "or label classes")
         overlap = sorted(set(self.numeric) & set(self.categorical))
         if overlap:
             raise EncodingError(f"column(s) {', '.join(overlap)} are listed as both numeric and categorical")
-        if (self.hash_buckets is None) == (self.vocabulary is None):
+        if self.categorical and (self.hash_buckets is None) == (self.vocabulary is None):
             raise EncodingError("categorical columns need exactly one of --hash-buckets or --vocabulary")
+        if not self.categorical and (self.hash_buckets is not None or self.vocabulary is not None):
+            raise EncodingError("--hash-buckets and --vocabulary need --categorical-columns")
         if self.hash_buckets is not None and not 1 <= self.hash_buckets <= MAX_HASH_BUCKETS:
             raise EncodingError(f"--hash-buckets must be between 1 and {MAX_HASH_BUCKETS}")
         if self.vocabulary is not None:
             if tuple(c for c, _ in self.vocabulary) != tuple(self.categorical):
                 raise EncodingError("the vocabulary's columns are not the categorical columns "
                                     f"({', '.join(self.categorical)})")
+        for column, policy, fill in self.missing:
+            if column not in self.numeric:
+                raise EncodingError(f"a missing-value policy for '{column}', which is not a numeric "
+                                    "feature column (categorical columns have their own missing value)")
+            if policy not in MISSING_POLICIES:
+                raise EncodingError(f"column '{column}': the missing-value policy must be one of "
+                                    f"{', '.join(MISSING_POLICIES)}")
+            if not (isinstance(fill, (int, float)) and np.isfinite(fill)):
+                raise EncodingError(f"column '{column}': the fill value must be a finite number")
+        repeated = sorted({c for c, _, _ in self.missing if [m[0] for m in self.missing].count(c) > 1})
+        if repeated:
+            raise EncodingError(f"more than one missing-value policy for {', '.join(repeated)}")
+        if self.label_missing not in ("error", "drop"):
+            raise EncodingError("the label's missing-value policy must be 'error' or 'drop'")
+        if self.label_classes is not None:
+            if len(self.label_classes) < 2 or len(set(self.label_classes)) != len(self.label_classes):
+                raise EncodingError("--label-classes needs at least two distinct classes")
+            if self.positive_class is not None and self.positive_class not in self.label_classes:
+                raise EncodingError("--positive-class must be one of --label-classes")
+        elif self.positive_class is not None:
+            raise EncodingError("--positive-class needs --label-classes")
 
     # -- shape
+    @property
+    def sparse(self) -> bool:
+        """Whether blocks are CSR (categorical columns) rather than dense."""
+        return bool(self.categorical)
+
     @property
     def columns(self) -> list[str]:
         """The raw input columns, numeric first."""
         return list(self.numeric) + list(self.categorical)
+
+    @property
+    def indicators(self) -> list[str]:
+        """The numeric columns with a missing indicator, in numeric order."""
+        policy = {c: p for c, p, _ in self.missing}
+        return [c for c in self.numeric if policy.get(c) == "indicator"]
+
+    @property
+    def dense_names(self) -> list[str]:
+        """The model's dense columns: the numeric ones, then each indicator ("x_missing")."""
+        return list(self.numeric) + [f"{c}_missing" for c in self.indicators]
+
+    @property
+    def first_categorical(self) -> int:
+        """The model column of the first categorical id."""
+        return len(self.dense_names)
 
     def widths(self) -> list[int]:
         """Model columns per categorical column (vocabulary: values + "other")."""
@@ -147,13 +212,56 @@ class Encoding:
     @property
     def dim(self) -> int:
         if self.hash_buckets is not None:
-            return len(self.numeric) + self.hash_buckets
-        return len(self.numeric) + sum(self.widths())
+            return self.first_categorical + self.hash_buckets
+        return self.first_categorical + sum(self.widths())
 
     @property
     def nonzeros_per_row(self) -> int:
         """At most this many nonzeros in a row (the sparsity s of paper 001)."""
-        return len(self.numeric) + len(self.categorical)
+        return self.first_categorical + len(self.categorical)
+
+    @property
+    def drops_rows(self) -> bool:
+        return self.label_missing == "drop" or any(p == "drop" for _, p, _ in self.missing)
+
+    # -- missing values and labels
+    def fill(self, numeric: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(the dense columns, rows to keep): ``numeric`` (m, len(numeric)) with each missing
+        (NaN) cell filled by its policy (a dropped row's cells by 0, never used), the indicator
+        columns appended. Cells without a policy are left as they are, for the finiteness check
+        to report."""
+        numeric = np.array(numeric, dtype=np.float64)
+        keep = np.ones(numeric.shape[0], dtype=bool)
+        indicators = []
+        for j, column in enumerate(self.numeric):
+            policy = self._policies().get(column)
+            if policy is None:
+                continue
+            absent = np.isnan(numeric[:, j])
+            kind, value = policy
+            if kind == "drop":
+                keep &= ~absent
+            numeric[absent, j] = 0.0 if kind == "drop" else value
+            if kind == "indicator":
+                indicators.append(absent.astype(np.float64))
+        if indicators:
+            numeric = np.column_stack([numeric, *indicators])
+        return numeric, keep
+
+    def _policies(self) -> dict:
+        return {c: (p, float(f)) for c, p, f in self.missing}
+
+    def label_ids(self, values: pa.Array) -> tuple[np.ndarray, int | None]:
+        """(labels as float: class ids, or 0/1 for a binary model's positive class; NaN where
+        missing, the first row whose value is not a declared class, or None)."""
+        text = _as_text(values)
+        index = pc.index_in(text, value_set=_value_set(self.label_classes))
+        ids = np.asarray(index.cast(pa.float64()).fill_null(np.nan), dtype=np.float64)
+        unknown = np.flatnonzero(np.isnan(ids) & np.asarray(text.is_valid(), dtype=bool))
+        if len(self.label_classes) == 2 and self.positive_class is not None:
+            positive = float(self.label_classes.index(self.positive_class))
+            ids = np.where(np.isnan(ids), np.nan, (ids == positive).astype(np.float64))
+        return ids, (int(unknown[0]) if unknown.size else None)
 
     # -- encoding
     def column_ids(self, name: str, values: pa.Array) -> np.ndarray:
@@ -161,9 +269,9 @@ class Encoding:
         try:
             if self.hash_buckets is not None:
                 h = hash_text(values, column_seed(name, self.hash_seed))
-                return len(self.numeric) + (h % np.uint64(self.hash_buckets)).astype(np.int64)
+                return self.first_categorical + (h % np.uint64(self.hash_buckets)).astype(np.int64)
             j = self.categorical.index(name)
-            base = len(self.numeric) + sum(self.widths()[:j])
+            base = self.first_categorical + sum(self.widths()[:j])
             known = _value_set(self.vocabulary[j][1])
             index = pc.index_in(_as_text(values), value_set=known)
             other = len(self.vocabulary[j][1])
@@ -171,16 +279,20 @@ class Encoding:
         except EncodingError as e:
             raise EncodingError(f"column '{name}': {e}") from None
 
-    def encode(self, numeric: np.ndarray, categorical: Mapping[str, pa.Array]) -> sp.csr_matrix:
-        """The (m, dim) CSR rows: ``numeric`` (m, len(numeric)) float64 values, then one 1 per
-        categorical column at its id. Built from index arrays, never a dense (m, dim) matrix."""
-        m = numeric.shape[0]
-        k_num, k_cat = len(self.numeric), len(self.categorical)
+    def encode(self, dense: np.ndarray, categorical: Mapping[str, pa.Array]):
+        """The (m, dim) rows from ``dense`` (m, ``first_categorical``): the numeric columns as
+        ``fill`` returns them, indicators included) and the categorical columns: a numpy array
+        without categorical columns, else CSR rows with one 1 per categorical column at its id,
+        built from index arrays, never a dense (m, dim) matrix."""
+        if not self.sparse:
+            return np.asarray(dense, dtype=np.float64)
+        m = dense.shape[0]
+        k_num, k_cat = self.first_categorical, len(self.categorical)
         width = k_num + k_cat
         indices = np.empty((m, width), dtype=np.int64)
         values = np.ones((m, width), dtype=np.float64)
         indices[:, :k_num] = np.arange(k_num)
-        values[:, :k_num] = numeric
+        values[:, :k_num] = dense
         for j, name in enumerate(self.categorical):
             indices[:, k_num + j] = self.column_ids(name, categorical[name])
         # Columns ids within a row are distinct unless two categorical columns hash to the same
@@ -196,27 +308,46 @@ class Encoding:
                "dim": self.dim}
         if self.hash_buckets is not None:
             out.update(hash=HASH_NAME, hash_buckets=self.hash_buckets, hash_seed=self.hash_seed)
-        else:
+        elif self.vocabulary is not None:
             out.update(vocabulary={c: list(v) for c, v in self.vocabulary},
                        vocabulary_sha256=vocabulary_fingerprint(self.vocabulary))
+        if self.missing:
+            out["missing"] = {c: {"policy": p, "fill": float(f)} for c, p, f in self.missing}
+            out["indicator_columns"] = [f"{c}_missing" for c in self.indicators]
+        if self.label_classes is not None:
+            out["label_classes"] = list(self.label_classes)
+            if self.positive_class is not None:
+                out["positive_class"] = self.positive_class
+        if self.label_missing != "error":
+            out["label_missing"] = self.label_missing
         return out
 
     @classmethod
     def from_spec(cls, spec: dict) -> "Encoding":
         try:
+            declared = dict(
+                missing=tuple((c, m["policy"], float(m["fill"]))
+                              for c, m in spec.get("missing", {}).items()),
+                label_classes=(tuple(spec["label_classes"]) if "label_classes" in spec else None),
+                positive_class=spec.get("positive_class"),
+                label_missing=spec.get("label_missing", "error"))
             if "hash_buckets" in spec:
                 if spec.get("hash") != HASH_NAME:
                     raise EncodingError(f"the model's hash {spec.get('hash')!r} is not this "
                                         f"version's ({HASH_NAME})")
                 encoding = cls(tuple(spec["numeric_columns"]), tuple(spec["categorical_columns"]),
-                               hash_buckets=int(spec["hash_buckets"]), hash_seed=int(spec["hash_seed"]))
-            else:
+                               hash_buckets=int(spec["hash_buckets"]), hash_seed=int(spec["hash_seed"]),
+                               **declared)
+            elif "vocabulary" in spec:
                 vocabulary = tuple((c, tuple(spec["vocabulary"][c])) for c in spec["categorical_columns"])
                 encoding = cls(tuple(spec["numeric_columns"]), tuple(spec["categorical_columns"]),
-                               vocabulary=vocabulary)
+                               vocabulary=vocabulary, **declared)
                 if spec.get("vocabulary_sha256") != vocabulary_fingerprint(vocabulary):
                     raise EncodingError("the model's vocabulary does not match its recorded SHA-256")
-        except (KeyError, TypeError) as e:
+            else:
+                encoding = cls(tuple(spec["numeric_columns"]), tuple(spec["categorical_columns"]),
+                               **declared)
+        except (KeyError, TypeError, AttributeError) as e:
             raise EncodingError(f"the model's encoding is incomplete ({type(e).__name__})") from None
         if encoding.dim != spec.get("dim", encoding.dim):
             raise EncodingError("the model's encoding does not give its recorded dimension")
@@ -264,18 +395,55 @@ def read_vocabulary(path: str, columns: Sequence[str]) -> tuple:
 
 
 def make_encoding(numeric: Sequence[str], categorical: Sequence[str], hash_buckets: int | None = None,
-                  hash_seed: int = 0, vocabulary: str | None = None) -> Encoding | None:
-    """The encoding a run asked for (None: no categorical columns, dense features)."""
-    if not categorical:
-        if hash_buckets is not None or vocabulary is not None:
-            raise EncodingError("--hash-buckets and --vocabulary need --categorical-columns")
-        return None
+                  hash_seed: int = 0, vocabulary: str | None = None,
+                  missing: Mapping[str, str] | None = None, label_classes: Sequence[str] | None = None,
+                  positive_class: str | None = None) -> Encoding | None:
+    """The encoding a run asked for (None: numeric columns as they are, labels as numbers).
+    ``missing``: column -> "constant:V", "indicator" (fill 0), "indicator:V" or "drop"; the label
+    column's own policy ("drop") is under the key ``LABEL_KEY``."""
     repeated = sorted({c for c in categorical if list(categorical).count(c) > 1})
     if repeated:
         raise EncodingError(f"categorical column(s) listed twice: {', '.join(repeated)}")
+    missing = dict(missing or {})
+    label_missing = missing.pop(LABEL_KEY, "error")
+    policies = tuple(parse_policy(c, text) for c, text in missing.items())
+    if not (categorical or policies or label_classes or label_missing != "error"):
+        if hash_buckets is not None or vocabulary is not None:
+            raise EncodingError("--hash-buckets and --vocabulary need --categorical-columns")
+        if positive_class is not None:
+            raise EncodingError("--positive-class needs --label-classes")
+        return None
     vocab = read_vocabulary(vocabulary, categorical) if vocabulary is not None else None
+    classes = tuple(str(c) for c in label_classes) if label_classes else None
+    if classes is not None and len(classes) == 2 and positive_class is None:
+        positive_class = classes[1]
     return Encoding(tuple(numeric), tuple(categorical), hash_buckets=hash_buckets,
-                    hash_seed=int(hash_seed), vocabulary=vocab)
+                    hash_seed=int(hash_seed), vocabulary=vocab, missing=policies,
+                    label_classes=classes,
+                    positive_class=None if positive_class is None else str(positive_class),
+                    label_missing=label_missing)
+
+
+LABEL_KEY = "@label"   # ``make_encoding``'s key for the label column's missing policy
+
+
+def parse_policy(column: str, text: str) -> tuple:
+    """(column, policy, fill) from "constant:V", "indicator", "indicator:V" or "drop"."""
+    kind, _, value = str(text).partition(":")
+    if kind not in MISSING_POLICIES:
+        raise EncodingError(f"column '{column}': the missing-value policy must be constant:VALUE, "
+                            "indicator, indicator:VALUE or drop")
+    if kind == "drop" and value:
+        raise EncodingError(f"column '{column}': 'drop' takes no value")
+    if kind == "constant" and not value:
+        raise EncodingError(f"column '{column}': 'constant' needs a value (constant:0)")
+    try:
+        fill = float(value) if value else 0.0
+    except ValueError:
+        raise EncodingError(f"column '{column}': the fill value must be a number") from None
+    if not np.isfinite(fill):
+        raise EncodingError(f"column '{column}': the fill value must be a finite number")
+    return (column, kind, fill)
 
 
 # ------------------------------------------------------------------- a privately released vocabulary

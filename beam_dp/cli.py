@@ -10,6 +10,7 @@ in-process FnApiRunner is used (DirectRunner would first try to download the Pri
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -26,6 +27,7 @@ import numpy as np
 
 DEFAULT_BEAM_RUNNER = "FnApiRunner"
 DEFAULT_ALGORITHM = "dpgd"
+SPARSE_MECHANISMS = ("gaussian", "laplace")   # beam_dp.stats.SPARSE_MEAN_VARIANTS (not imported here)
 
 
 def _positive_int(text: str) -> int:
@@ -110,11 +112,12 @@ def _add_run_arguments(parser, audit: bool) -> None:
                     help="comma-separated; default: every column but the label (CSV: by the "
                          "header; Parquet: every numeric column by its declared type)")
     if not audit:
+        from beam_dp.algorithms import registry   # (imported late, as the algorithms' flags)
         io.add_argument("--categorical-columns", type=_columns, default=None,
                         help="comma-separated string or integer columns, encoded as sparse "
-                             "features (needs --hash-buckets or --vocabulary; algorithms dpgd, "
-                             "output-perturbation); "
-                             "never inferred from the cells")
+                             "features (needs --hash-buckets or --vocabulary; algorithms "
+                             f"{', '.join(a.name for a in registry.algorithms().values() if a.sparse_input)}"
+                             "); never inferred from the cells")
         io.add_argument("--hash-buckets", type=_positive_int, default=None,
                         help="feature hashing of the categorical columns into this many columns "
                              "(public; recorded in model.json)")
@@ -123,6 +126,22 @@ def _add_run_arguments(parser, audit: bool) -> None:
         io.add_argument("--vocabulary", default=None,
                         help="JSON file: categorical column -> list of its values (public; other "
                              "values share an 'other' column; stored in model.json)")
+        io.add_argument("--schema", default=None,
+                        help="JSON file declaring the table: label and its classes, numeric, "
+                             "categorical, ignored and id columns, missing-value policies (see "
+                             "README 'A table's schema'); flags given win over it")
+        io.add_argument("--label-classes", type=_columns, default=None,
+                        help="comma-separated label values in class-id order (text labels such "
+                             "as No,Yes; a binary model's positive class is the second unless "
+                             "--positive-class)")
+        io.add_argument("--positive-class", default=None,
+                        help="the label value that is class 1 of a binary model")
+        io.add_argument("--missing", action="append", default=None, metavar="COLUMN=POLICY",
+                        help="a numeric column's missing cells: constant:V, indicator (fill 0 and "
+                             "add COLUMN_missing), indicator:V, or drop (the row; the label "
+                             "column takes only drop); repeat for each column")
+        io.add_argument("--ignore-columns", type=_columns, default=None,
+                        help="comma-separated columns left out of the default features")
         io.add_argument("--validation", default=None,
                         help="glob of validation files for metrics.json (not covered by the "
                              "guarantee)")
@@ -315,6 +334,25 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     st.add_argument("--seed", type=int, default=None, help="fixed seed (tests only)")
     st.add_argument("--runner", default=DEFAULT_BEAM_RUNNER, help="'local' or a Beam runner")
     st.add_argument("--batch-rows", type=_positive_int, default=65536, help="rows per block read")
+    sparse = st.add_argument_group(
+        "categorical frequencies",
+        "With --categorical-columns, stats releases the frequency of each value (vocabulary)\n"
+        "or hash bucket of those columns instead of the numeric statistics: the mean of the\n"
+        "one-hot rows by the projection mechanism (paper 001, Algorithm 1; replace-one\n"
+        "neighbours; float noise).")
+    sparse.add_argument("--categorical-columns", type=_columns, default=None,
+                        help="comma-separated string or integer columns (as in train)")
+    sparse.add_argument("--hash-buckets", type=_positive_int, default=None,
+                        help="hash each categorical column into its own this many buckets "
+                             "(public); the report names buckets, never values")
+    sparse.add_argument("--hash-seed", type=int, default=0, help="the hash's public seed")
+    sparse.add_argument("--vocabulary", default=None,
+                        help="JSON file: categorical column -> list of its values (public; other "
+                             "values share an 'other' frequency)")
+    sparse.add_argument("--sparse-mechanism", choices=SPARSE_MECHANISMS, default=None,
+                        help="the projection mechanism's noise: gaussian ((epsilon, delta), "
+                             "privacy independent of the sparsity) or laplace (pure epsilon-DP, "
+                             "rows clipped to l1 norm L sqrt(s)); default gaussian")
 
     predict = sub.add_parser("predict", help="apply a trained model to a dataset",
                              formatter_class=_Formatter)
@@ -327,6 +365,11 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     predict.add_argument("--vocabulary", default=None,
                          help="check that this vocabulary file is the one the model was trained "
                               "with (the model carries its own copy)")
+    predict.add_argument("--id-columns", type=_columns, default=None,
+                         help="comma-separated columns copied from the input into the "
+                              "predictions, row by row (default: the --schema's id_columns)")
+    predict.add_argument("--schema", default=None,
+                         help="the training's schema file, for its id_columns")
     voc = sub.add_parser(
         "vocabulary", formatter_class=_Formatter,
         help="release the values of categorical columns privately (for train --vocabulary)",
@@ -866,6 +909,14 @@ def _train_and_write(api, args, beam_args, options, validation_files, release, l
         model.privacy_report["ledger"] = {"dataset_id": args.dataset_id,
                                           "partitions": args.partition or []}
     metrics = _metrics(args, model, validation_files) if validation_files else None
+    if metrics is not None and metrics.get("better_than_constant") is False:
+        # Said, not refused: the model is the release, and the user decides what to do with it.
+        metric = "accuracy" if "accuracy" in metrics else "rmse"
+        print(f"beam-dp: warning: the model is no better than a constant predictor on the "
+              f"validation data ({metric} {metrics[metric]:.4g}, the constant's "
+              f"{metrics['constant_baseline'][metric]:.4g}; not covered by the privacy "
+              "guarantee): try --scale-features auto, another --clip-norm or learning rate, or "
+              "more epsilon", file=sys.stderr)
     _stop_if_interrupted()
     files = {"model.json": report.json_text(model.artifact),
              "privacy_report.json": report.json_text(model.privacy_report)}
@@ -886,7 +937,7 @@ def _metrics(args, model, validation_files) -> dict:
 
     open_file = data.open_local if args.runner == "local" else _beam_open_file()
     blocks = (model.feature_map(b) for f in validation_files for b in data.blocks_from_file(
-        f, args.label_column, model.feature_columns, model.loss, args.batch_rows, open_file,
+        f, model.artifact["label_column"], model.feature_columns, model.loss, args.batch_rows, open_file,
         model.encoding))
     metrics = report.evaluate(model.loss, model.theta, blocks)
     metrics["covered_by_privacy_guarantee"] = False
@@ -906,7 +957,24 @@ def _train_model(api, args, beam_args, options, gate=None):
         checkpoint_dir=args.checkpoint_dir, progress=_progress_callback(),
         warm_start=args.warm_start, max_jobs=args.max_jobs, budget_gate=gate,
         categorical_columns=args.categorical_columns, hash_buckets=args.hash_buckets,
-        hash_seed=args.hash_seed, vocabulary=args.vocabulary, **options)
+        hash_seed=args.hash_seed, vocabulary=args.vocabulary, schema=args.schema,
+        label_classes=args.label_classes, positive_class=args.positive_class,
+        missing=_missing_policies(args.missing), ignore_columns=args.ignore_columns, **options)
+
+
+def _missing_policies(given: list[str] | None) -> dict | None:
+    """--missing COLUMN=POLICY flags as a dict (a column given twice is an error)."""
+    if not given:
+        return None
+    out = {}
+    for item in given:
+        column, sep, policy = item.partition("=")
+        if not sep or not column.strip():
+            raise ValueError("--missing takes COLUMN=POLICY (e.g. income=indicator)")
+        if column.strip() in out:
+            raise ValueError(f"--missing gives column '{column.strip()}' twice")
+        out[column.strip()] = policy.strip()
+    return out
 
 
 def _beam_open_file():
@@ -930,6 +998,13 @@ def _algorithms() -> int:
 def _stats(args, beam_args: list[str]) -> int:
     from beam_dp import accounting, losses, mechanisms, report, stats
 
+    if args.categorical_columns:
+        return _categorical_stats(args, beam_args)
+    if args.sparse_mechanism is not None:
+        raise ValueError("--sparse-mechanism is the noise of the categorical frequencies: it needs "
+                         "--categorical-columns")
+    if args.hash_buckets is not None or args.vocabulary is not None:
+        raise ValueError("--hash-buckets and --vocabulary need --categorical-columns")
     if not args.quantiles or not all(0.0 <= q <= 1.0 for q in args.quantiles):
         raise ValueError("--quantiles must be fractions in [0, 1]")
     if not (args.epsilon > 0 and 0 < args.delta < 1 and 0 < args.value_bound <= 1e150):
@@ -947,7 +1022,9 @@ def _stats(args, beam_args: list[str]) -> int:
                                             count=args.num_examples is None,
                                             accountant=args.accountant, noise=noise)
 
-    with report.atomic_directory(args.output, args.overwrite) as out:
+    # Closed however the run ends: a calibration that raises must not leave a Beam run's work
+    # directory and shard cache behind.
+    with contextlib.closing(aggregator), report.atomic_directory(args.output, args.overwrite) as out:
         ledger = accounting.Ledger(args.accountant, accounting.ADD_REMOVE)
         # Secure noise unless --noise float; where its samplers' slack would pass 1e-3 delta,
         # refused with --noise secure, float noise (said in the report) by default.
@@ -969,10 +1046,7 @@ def _stats(args, beam_args: list[str]) -> int:
         stats.record_releases(stages, ledger)
         if secure:
             ledger.notes.append(noisy_gd.secure_release_note())
-        try:
-            state = aggregator.run_stages(stages, {"n": args.num_examples} if args.num_examples else {})
-        finally:
-            aggregator.close()
+        state = aggregator.run_stages(stages, {"n": args.num_examples} if args.num_examples else {})
         summary = stats.summary(state, stages, features,
                                 "public (--num-examples)" if args.num_examples
                                 else "private estimate: discrete Laplace count" if secure
@@ -988,6 +1062,78 @@ def _stats(args, beam_args: list[str]) -> int:
         print(f"beam-dp: warning: {warning}", file=sys.stderr)
     print(f"private statistics of {len(features)} columns: epsilon={summary['privacy']['epsilon']:.4g}, "
           f"delta={args.delta:g}; wrote {args.output}")
+    return 0
+
+
+def _categorical_input(args, beam_args: list[str], encoding):
+    """The aggregator of ``stats --categorical-columns`` over ``encoding``'s blocks (the
+    categorical columns only: ``stats.frequency_encoding``); the output is checked before
+    anything is read."""
+    from beam_dp import api, data, losses, report
+
+    report.check_output_directory(args.output, args.overwrite)
+    files = sorted({f for pattern in args.input for f in data.list_files(pattern)})
+    if not files:
+        raise data.DataError("no input files given")
+    report.check_not_inside(args.output, files)
+    columns = list(args.categorical_columns)
+    open_file = data.open_local if args.runner == api.LOCAL else _beam_open_file()
+    data.check_categorical(files[0], data.read_schema(files[0], open_file), columns)
+    loss = losses.SquaredLoss()   # (no label is read: the loss only types the blocks)
+    if args.runner == api.LOCAL:
+        from beam_dp.local import LocalAggregator
+        return LocalAggregator(data.load_blocks(files, None, encoding.columns, loss,
+                                                args.batch_rows, encoding))
+    from beam_dp.beam.aggregator import BeamAggregator
+    return BeamAggregator(files, None, encoding.columns, loss, args.batch_rows,
+                                    ["--runner", args.runner] + beam_args, encoding=encoding)
+
+
+def _categorical_stats(args, beam_args: list[str]) -> int:
+    """``stats --categorical-columns``: each categorical value's (or bucket's) frequency by the
+    projection mechanism (``stats.categorical_frequency_stages``), under replace-one."""
+    from beam_dp import accounting, mechanisms, report, stats
+
+    if args.feature_columns:
+        raise ValueError("--feature-columns and --categorical-columns: stats releases the numeric "
+                         "statistics or the categorical frequencies; run it once for each")
+    if args.noise == "secure":
+        raise ValueError("--noise secure: the categorical frequencies (the projection mechanism) "
+                         "have float noise only; use --noise float or leave --noise out")
+    variant = args.sparse_mechanism or "gaussian"
+    # The encoding and the stages (the noise calibrated) before the data is read: a bad request
+    # fails at once. The stages hold a key derived from the root seed, not the seed.
+    seed = stats.stages_seed(args.seed if args.seed is not None else mechanisms.secure_seed())
+    encoding = stats.frequency_encoding(list(args.categorical_columns), args.hash_buckets,
+                                        args.hash_seed, args.vocabulary)
+    stages = stats.categorical_frequency_stages(encoding, variant, args.epsilon, args.delta, seed,
+                                                count=args.num_examples is None,
+                                                accountant=args.accountant)
+    aggregator = _categorical_input(args, beam_args, encoding)
+    try:
+        with report.atomic_directory(args.output, args.overwrite) as out:
+            ledger = accounting.Ledger(args.accountant, accounting.REPLACE_ONE)
+            stats.record_releases(stages, ledger)
+            state = aggregator.run_stages(stages, {"n": args.num_examples} if args.num_examples else {})
+            summary = stats.categorical_summary(
+                state, stages, encoding, "public (--num-examples)" if args.num_examples
+                else "private estimate: Laplace count")
+            fields = {"requested_epsilon": args.epsilon, "noise": "float (numpy)",
+                      "sparse_mechanism": variant, "privacy_and_sparsity": stats.SPARSE_PRIVACY[variant]}
+            if variant == "laplace":
+                fields["delta_note"] = "the Laplace variant is pure epsilon-DP: --delta is not spent"
+            summary["privacy"] = _privacy_report(ledger, args.delta, args.seed is not None, **fields)
+            _stop_if_interrupted()
+            report.write_json(out, "stats_report.json", summary)
+    finally:
+        aggregator.close()
+    for warning in summary["warnings"]:     # public bounds only, never a data value
+        print(f"beam-dp: warning: {warning}", file=sys.stderr)
+    print(f"private frequencies of {len(encoding.categorical)} categorical columns "
+          f"({variant} projection mechanism, {encoding.dim} columns): "
+          f"epsilon={summary['privacy']['epsilon']:.4g}"
+          + (f", delta={args.delta:g}" if variant == "gaussian" else " (pure)")
+          + f"; wrote {args.output}")
     return 0
 
 
@@ -1040,17 +1186,34 @@ def _predict(args) -> int:
                              "trained with (their SHA-256 differ); the model's own copy is used "
                              "without --vocabulary")
     files = sorted({f for pattern in args.input for f in data.list_files(pattern)})
-    predictions, probabilities = [], []
+    id_columns = args.id_columns
+    if id_columns is None and args.schema is not None:
+        from beam_dp import schema as schema_mod
+        id_columns = schema_mod.read(args.schema).get("id_columns")
+    id_columns = list(id_columns or ())
+    predictions, probabilities, dropped, ids = [], [], [], {c: [] for c in id_columns}
     for path in files:
+        if id_columns:
+            ids_of = data.read_columns(path, id_columns, args.batch_rows)
+            for c in id_columns:
+                ids[c].append(ids_of[c])
         for block in data.blocks_from_file(path, None, model.feature_columns, model.loss,
                                            args.batch_rows, encoding=encoding):
             s = model.block_scores(block)
             predictions.append(model.loss.predict(s))
+            dropped.append(block.dropped if block.dropped is not None
+                           else np.zeros(len(block), dtype=bool))
             if model.loss.name == "logistic":
                 probabilities.append(api.losses.expit(s[:, 0]))
-    columns = {"prediction": np.concatenate(predictions)}
+    mask = np.concatenate(dropped) if dropped else np.zeros(0, dtype=bool)
+    labels = model.labels_of(np.concatenate(predictions), mask)
+    columns = {c: pa.concat_arrays([a for part in ids[c] for a in part.chunks])
+               for c in id_columns}
+    columns["prediction"] = (pa.array(labels.tolist()) if labels.dtype == object
+                             else pa.array(labels, mask=mask if mask.any() else None))
     if probabilities:
-        columns["probability"] = np.concatenate(probabilities)
+        columns["probability"] = pa.array(np.concatenate(probabilities),
+                                          mask=mask if mask.any() else None)
     # Written beside the target under a fresh temporary name (created exclusively, so no one
     # can plant a link there), then renamed: no partial file on failure.
     directory, name = os.path.split(os.path.abspath(args.output))

@@ -61,6 +61,9 @@ class Block:
     row_start: int = 0
     sq_norms: np.ndarray | None = None
     tag: int = -1   # which part of a partitioned dataset the rows belong to (e.g. a block and role)
+    # Read for prediction only (no label): the rows a declared "drop" policy would leave out of
+    # training, which get no prediction (None: none).
+    dropped: np.ndarray | None = None
 
     def __post_init__(self):
         if self.sq_norms is None:
@@ -187,13 +190,21 @@ def _csv_header(path: str, f: BinaryIO) -> list[str]:
 def resolve_feature_columns(path: str, label_column: str, feature_columns: Sequence[str] | None,
                             opener: Callable[[str], BinaryIO] = open_local,
                             require_label: bool = True,
-                            categorical: Sequence[str] = ()) -> list[str]:
+                            categorical: Sequence[str] = (), ignore: Sequence[str] = (),
+                            text_label: bool = False) -> list[str]:
     """Checks the label and features against the first file's schema; returns the numeric
     feature columns. The default features are every column but the label (and the declared
-    ``categorical`` columns): for CSV every column of the header, for Parquet every column whose
-    declared type is numeric. Never a function of the values."""
+    ``categorical`` and ``ignore`` columns): for CSV every column of the header, for Parquet every
+    column whose declared type is numeric. Never a function of the values."""
     schema = read_schema(path, opener)
     names = set(schema.names)
+    absent = [c for c in ignore if c not in names]
+    if absent:
+        raise DataError(f"{path}: ignored column(s) not found: {', '.join(absent)}")
+    clash = sorted(set(ignore) & (set(feature_columns or ()) | set(categorical) | {label_column}))
+    if clash:
+        raise DataError(f"column(s) {', '.join(clash)} are both ignored and used (as a feature "
+                        "or the label)")
     check_categorical(path, schema, categorical)
     if label_column in categorical:
         raise DataError(f"the label column '{label_column}' is also listed as categorical")
@@ -212,10 +223,15 @@ def resolve_feature_columns(path: str, label_column: str, feature_columns: Seque
         columns = list(feature_columns)
     else:
         columns = [f.name for f in schema if f.name != label_column and _numeric(f.type)
-                   and f.name not in categorical]
+                   and f.name not in categorical and f.name not in ignore]
         if not columns and not categorical:
             raise DataError(f"{path}: no numeric feature columns besides the label '{label_column}'")
-    for name in columns + ([label_column] if require_label else []):
+    if require_label and text_label and file_format(path) == "parquet" and not _categorical_type(
+            schema.field(label_column).type):
+        raise DataError(f"{path}: the label column '{label_column}' cannot hold declared classes "
+                        f"(its Parquet type is {schema.field(label_column).type}; string, integer "
+                        "or boolean expected)")
+    for name in columns + ([label_column] if require_label and not text_label else []):
         t = schema.field(name).type
         if not _numeric(t):   # only Parquet declares non-numeric types
             raise DataError(f"{path}: column '{name}' is not numeric (its Parquet type is {t})")
@@ -330,6 +346,26 @@ def _record_batches(path: str, f: BinaryIO, columns: list[str], batch_rows: int,
         for batch in _csv_batches(path, f, columns, text_columns):
             for offset in range(0, batch.num_rows, batch_rows):
                 yield batch.slice(offset, batch_rows)
+
+
+def read_columns(path: str, columns: Sequence[str], batch_rows: int = DEFAULT_BATCH_ROWS,
+                 opener: Callable[[str], BinaryIO] = open_local) -> dict[str, pa.ChunkedArray]:
+    """Columns of one file as they are (predict's id columns): Parquet's declared types, CSV's
+    cells as text (no type is guessed from the cells)."""
+    columns = list(columns)
+    absent = [c for c in columns if c not in read_schema(path, opener).names]
+    if absent:
+        raise DataError(f"{path}: id column(s) not found: {', '.join(absent)}")
+    failure = None
+    try:
+        with opener(path) as f:
+            batches = list(_record_batches(path, f, columns, batch_rows, None, tuple(columns)))
+        return {c: pa.chunked_array([b.column(c) for b in batches],
+                                    type=batches[0].schema.field(c).type if batches else pa.string())
+                for c in columns}
+    except (OSError, pa.ArrowException) as e:
+        failure = f"{path}: cannot read ({_reason(path, e)})"
+    raise DataError(failure)
 
 
 def _parse_numbers(text: pa.Array) -> pa.Array:
@@ -497,6 +533,10 @@ def blocks_from_shard(shard: Shard, label_column: str | None, feature_columns: S
         feature_columns = encoding.columns
     numeric = list(encoding.numeric) if encoding is not None else list(feature_columns)
     text = tuple(encoding.categorical) if encoding is not None else ()
+    class_labels = (encoding is not None and encoding.label_classes is not None
+                    and label_column is not None)
+    if class_labels:
+        text = text + (label_column,)   # read as text (CSV too), matched to the declared classes
     columns = list(feature_columns) + ([label_column] if label_column is not None else [])
     row_start = shard.row_start
     failure = None
@@ -511,13 +551,35 @@ def blocks_from_shard(shard: Shard, label_column: str | None, feature_columns: S
                 features = np.empty((m, len(numeric)), dtype=np.float64)
                 for j, name in enumerate(numeric):
                     features[:, j] = _column_as_float(path, batch, name)
+                keep = None
                 if encoding is not None:
-                    check_finite(features, path, row_start, numeric)
+                    features, keep = encoding.fill(features)
+                    check_finite(features, path, row_start, encoding.dense_names)
                     features = _encoded(encoding, features, batch, path)
-                labels = (_column_as_float(path, batch, label_column)
-                          if label_column is not None else None)
-                yield validated_block(features, labels, loss, path, row_start, feature_columns,
-                                      label_column)
+                labels = None
+                if class_labels:
+                    labels, unknown = encoding.label_ids(batch.column(label_column))
+                    if unknown is not None:
+                        raise DataError(f"{path}, row {row_start + unknown + 1}: column "
+                                        f"'{label_column}' holds a value that is not one of the "
+                                        "declared classes (--label-classes)")
+                elif label_column is not None:
+                    labels = _column_as_float(path, batch, label_column)
+                if labels is not None and encoding is not None and encoding.label_missing == "drop":
+                    absent = np.isnan(labels)
+                    keep &= ~absent
+                    labels[absent] = 0.0   # (left out below)
+                block = validated_block(features, labels, loss, path, row_start, feature_columns,
+                                        label_column)
+                if keep is not None and not keep.all():
+                    if label_column is None:   # prediction: every row kept, in its place
+                        block.dropped = ~keep
+                    else:
+                        # Declared row drops (--missing drop): a per-row rule, so the privacy
+                        # unit is unchanged; rows keep their order for the samplers.
+                        block = block.take(np.flatnonzero(keep))
+                if len(block):
+                    yield block
                 row_start += m
         return
     except DataError:

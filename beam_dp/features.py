@@ -68,6 +68,25 @@ class CenterAugmentClip:
 
 
 @dataclasses.dataclass(frozen=True)
+class ScaleColumns:
+    """x_j -> (clip(x_j, low_j, high_j) - mid_j) / half_j, into [-1, 1] (a column with
+    low_j == high_j becomes 0): each column on its own privately released range
+    (``--scale-features private``), so that a column in dollars and a 0/1 column weigh alike
+    against the clip norm. Bounded by construction: no value, however large, passes 1."""
+
+    low: tuple
+    high: tuple
+
+    def __call__(self, block: Block) -> Block:
+        low, high = np.asarray(self.low), np.asarray(self.high)
+        half = (high - low) / 2.0
+        mid = low + half
+        clipped = np.clip(block.features, low, high)   # NaN never reaches here (checked)
+        scaled = np.divide(clipped - mid, half, out=np.zeros_like(clipped), where=half > 0)
+        return Block(scaled, block.labels, block.source, block.row_start, tag=block.tag)
+
+
+@dataclasses.dataclass(frozen=True)
 class Chain:
     """Transforms applied in order."""
 
@@ -89,6 +108,9 @@ def spec(transform) -> dict | None:
     """The model.json form of a raw-feature map (None for the identity)."""
     if transform is None:
         return None
+    if type(transform) is ScaleColumns:
+        return {"scale_columns": {"low": [float(v) for v in transform.low],
+                                  "high": [float(v) for v in transform.high]}}
     for name, cls in _RECORDABLE.items():
         if type(transform) is cls:
             return {name: float(transform.norm)}
@@ -100,6 +122,9 @@ def from_spec(recorded: dict | None):
     if not recorded:
         return lambda block: block
     (name, norm), = recorded.items()
+    if name == "scale_columns":
+        return ScaleColumns(tuple(float(v) for v in norm["low"]),
+                            tuple(float(v) for v in norm["high"]))
     if name not in _RECORDABLE:
         raise ValueError(f"unknown feature_transform {name!r} in the model")
     return _RECORDABLE[name](float(norm))

@@ -136,22 +136,37 @@ def privacy_report(ledger, privacy, result, algorithm, options, seed_fixed: bool
 
 
 def evaluate(loss: losses_mod.GlmLoss, theta: np.ndarray, blocks) -> dict:
-    """Accuracy (classification) or RMSE (regression) over validation blocks."""
-    correct = squared = 0.0
+    """Accuracy (classification) or RMSE (regression) over validation blocks, next to the best
+    constant predictor's on the same rows (the majority class, or the mean label), so that a
+    model no better than a constant is flagged (``better_than_constant``)."""
+    correct = squared = label_sum = label_squares = 0.0
+    class_counts = np.zeros(max(loss.outputs(), 2))
     n = 0
     for b in blocks:
         s = losses_mod.scores(theta, b.features)
         if loss.is_classifier:
             truth = (b.labels > 0).astype(np.int64) if loss.name in ("logistic", "hinge") else b.labels
             correct += float(np.sum(loss.predict(s) == truth))
+            class_counts += np.bincount(np.asarray(truth, dtype=np.int64), minlength=len(class_counts))
         else:
             squared += float(np.sum((s[:, 0] - b.labels) ** 2))
+            label_sum += float(np.sum(b.labels))
+            label_squares += float(np.sum(b.labels ** 2))
         n += len(b)
     metrics = {"validation_examples": n}
+    if n == 0:
+        return metrics
     if loss.is_classifier:
         metrics["accuracy"] = correct / n
+        metrics["constant_baseline"] = {"predictor": "the majority class of these rows",
+                                        "accuracy": float(class_counts.max() / n)}
+        metrics["better_than_constant"] = bool(metrics["accuracy"] > class_counts.max() / n)
     else:
         metrics["rmse"] = float(np.sqrt(squared / n))
+        mean = label_sum / n
+        spread = float(np.sqrt(max(label_squares / n - mean ** 2, 0.0)))
+        metrics["constant_baseline"] = {"predictor": "the mean label of these rows", "rmse": spread}
+        metrics["better_than_constant"] = bool(metrics["rmse"] < spread)
     return metrics
 
 

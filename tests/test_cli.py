@@ -535,7 +535,8 @@ def _assert_nothing_unnoised(out, stdout, stderr):
     assert "loss" not in (stdout + stderr).lower()
     metrics = read_json(out / "metrics.json")
     assert metrics["covered_by_privacy_guarantee"] is False
-    assert set(metrics) == {"validation_examples", "accuracy", "covered_by_privacy_guarantee", "note"}
+    assert set(metrics) == {"validation_examples", "accuracy", "covered_by_privacy_guarantee", "note",
+                            "constant_baseline", "better_than_constant"}
 
 
 def test_nothing_unnoised_leaves_a_local_run(tmp_path, small_binary):

@@ -130,13 +130,15 @@ EQUIVALENCE = {
                                        "--batches", 4]),
     "objective-perturbation": ("binary", ["--algorithm", "objective-perturbation", "--constraint",
                                           "l1-ball", "--radius", 3]),
+    "bias-reduced-sgd": ("binary", ["--algorithm", "bias-reduced-sgd", "--max-steps", 8]),
     # its defaults: no constraint, the intercept a coordinate of x, n public (replace-one)
     "output-perturbation": ("binary", ["--algorithm", "output-perturbation"]),
 }
 # --epsilon of these runs: 2, or 1 where the mechanism is proven for epsilon <= 1 only.
 EPSILON = {"heavy-tailed-md": 1.0}
 # Full-batch algorithms: their Beam runs are jobs of stages only (no batch job).
-STAGE_JOBS = ("dpgd", "ssp", "mirror-descent", "objective-perturbation", "output-perturbation")
+STAGE_JOBS = ("dpgd", "ssp", "mirror-descent", "objective-perturbation", "bias-reduced-sgd",
+              "output-perturbation")
 
 
 # The algorithms with secure noise (--noise secure; exact integer sums: bit-identical models):

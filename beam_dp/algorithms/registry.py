@@ -252,8 +252,8 @@ def check_replace_one_float_request(name: str, privacy: Privacy, noise: str, pro
 def algorithms() -> dict[str, Algorithm]:
     """Every registered algorithm by name, in the order `beam-dp algorithms` lists them.
     (Imported here, not at the top, because the algorithm modules import this one.)"""
-    from beam_dp.algorithms import (dp_ambssgd, dpsgd_f, heavy_tailed_md, mirror_descent, noisy_gd,
-                                    objective_perturbation, ssp)
+    from beam_dp.algorithms import (bias_reduced, dp_ambssgd, dpsgd_f, heavy_tailed_md,
+                                    mirror_descent, noisy_gd, objective_perturbation, ssp)
     registered = (
         noisy_gd.DPGD,
         noisy_gd.DPSGD,
@@ -263,6 +263,7 @@ def algorithms() -> dict[str, Algorithm]:
         mirror_descent.MIRROR_DESCENT,
         heavy_tailed_md.HEAVY_TAILED_MD,
         objective_perturbation.OBJECTIVE_PERTURBATION,
+        bias_reduced.BIAS_REDUCED_SGD,
         __import__("beam_dp.algorithms.output_perturbation", fromlist=["_"]).OUTPUT_PERTURBATION,
     )
     return {a.name: a for a in registered}

@@ -284,7 +284,11 @@ class BeamAggregator:
     def count(self) -> int:
         """The exact number of examples (stays on the driver, which adds the noise): Parquet
         footers' row counts, else one job that reads every row (and so validates the input)."""
-        count = data.counted_rows(self.shards)
+        # Footers count rows as stored; declared row drops (--missing drop) make the count a
+        # job's, like CSV's.
+        encoding = self.reader.encoding
+        dropping = encoding is not None and encoding.drops_rows
+        count = None if dropping else data.counted_rows(self.shards)
         if count is None:
             path = self._path("count")
             self._run("count", self.count_pipeline(path))

@@ -1,0 +1,113 @@
+"""A table's declared schema: which column is the label (and its classes), which are numeric or
+categorical features, which are ignored or identify rows, and what a missing cell means.
+
+Declared, never inferred from values (a value must not shape the output): in a JSON file
+(``--schema FILE``, ``beam_dp.train(schema=...)``) or by the equivalent flags, a flag winning
+over the file. The file:
+
+    {
+      "label": "default",                        # the label column
+      "label_classes": ["No", "Yes"],            # text labels -> class ids (binary: 2 classes)
+      "positive_class": "Yes",                   # class 1 of a binary model (default: the second)
+      "numeric": ["balance", "income"],          # feature columns (default: every numeric one)
+      "categorical": ["student"],                # string/integer columns (sparse features)
+      "hash_buckets": 64,                        # or "vocabulary": "vocab.json"
+      "ignore": ["row_id"],                      # left out of the default feature columns
+      "id_columns": ["row_id"],                  # copied into predict's output
+      "missing": {"income": "indicator", "balance": "constant:0", "label": "drop"}
+    }
+
+``missing`` gives each numeric column's policy for a missing cell (null, empty, NaN):
+"constant:V" fills V; "indicator" (or "indicator:V") fills 0 (or V) and adds a 0/1 column
+"<column>_missing"; "drop" leaves the row out of training. The label column takes only "drop".
+Without a policy a missing cell is an error naming its row and column, as before. Everything
+declared here is public, recorded in model.json (the encoding) and applied again by predict.
+"""
+from __future__ import annotations
+
+import json
+
+# schema key -> beam_dp.train keyword
+KEYS = {
+    "label": "label_column",
+    "label_classes": "label_classes",
+    "positive_class": "positive_class",
+    "numeric": "feature_columns",
+    "categorical": "categorical_columns",
+    "hash_buckets": "hash_buckets",
+    "hash_seed": "hash_seed",
+    "vocabulary": "vocabulary",
+    "ignore": "ignore_columns",
+    "missing": "missing",
+    "id_columns": "id_columns",
+}
+LISTS = ("label_classes", "numeric", "categorical", "ignore", "id_columns")
+
+
+class SchemaError(ValueError):
+    """A schema file that cannot be used; names keys, never data values."""
+
+
+def read(path: str) -> dict:
+    """The schema file as ``beam_dp.train`` keywords (``id_columns`` is predict's)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+    except FileNotFoundError:
+        raise SchemaError(f"{path}: schema file not found") from None
+    except (OSError, ValueError) as e:
+        raise SchemaError(f"{path}: cannot read the schema ({type(e).__name__})") from None
+    return from_dict(raw, path)
+
+
+def from_dict(raw, source: str = "schema") -> dict:
+    if not isinstance(raw, dict):
+        raise SchemaError(f"{source}: a schema is a JSON object (see beam_dp.schema)")
+    unknown = sorted(set(raw) - set(KEYS))
+    if unknown:
+        raise SchemaError(f"{source}: unknown key(s) {', '.join(unknown)}; the keys: "
+                          f"{', '.join(KEYS)}")
+    out = {}
+    for key, value in raw.items():
+        if key in LISTS:
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise SchemaError(f"{source}: '{key}' must be a list of strings")
+            value = list(value)
+        elif key == "missing":
+            if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+                raise SchemaError(f"{source}: 'missing' must map columns to policies "
+                                  "(constant:V, indicator, indicator:V, drop)")
+        elif key in ("label", "positive_class", "vocabulary"):
+            if not isinstance(value, str):
+                raise SchemaError(f"{source}: '{key}' must be a string")
+        elif key in ("hash_buckets", "hash_seed"):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise SchemaError(f"{source}: '{key}' must be a whole number")
+        out[KEYS[key]] = value
+    return out
+
+
+def merge(declared: dict, given: dict, defaults: dict) -> dict:
+    """``given`` keywords over the schema's ``declared`` ones: a keyword still at its default
+    takes the schema's value."""
+    out = dict(given)
+    for name, value in declared.items():
+        if name in out and out[name] != defaults.get(name):
+            continue
+        out[name] = value
+    return out
+
+
+def label_policy(missing: dict | None, label_column: str) -> dict | None:
+    """``missing`` with the label column's policy moved to ``categorical.LABEL_KEY`` (only
+    "drop" is allowed there)."""
+    from beam_dp.categorical import LABEL_KEY, EncodingError
+    if not missing or label_column not in missing:
+        return missing
+    out = dict(missing)
+    policy = out.pop(label_column)
+    if policy != "drop":
+        raise EncodingError(f"the label column '{label_column}' takes only the missing-value "
+                            "policy 'drop'")
+    out[LABEL_KEY] = "drop"
+    return out
