@@ -174,6 +174,9 @@ def _one_of(event, count: int):
 def _point_counts(counts: list[int], budget: int) -> list[list[int]]:
     """For each release, the numbers of its repetitions at which epsilon is computed: always
     its last, and points spread evenly over the largest releases while ``budget`` lasts."""
+    if len(counts) > budget:   # many kinds of release: the ends of a few of them, and the last
+        chosen = set(np.linspace(0, len(counts) - 1, budget).round().astype(int).tolist())
+        return [[c] if i in chosen else [] for i, c in enumerate(counts)]
     points = [[c] for c in counts]
     spare = budget - len(counts)
     total = sum(c for c in counts if c > 1)
@@ -325,8 +328,10 @@ def _svg(fig, salt: str) -> str:
     import matplotlib
 
     buf = io.StringIO()
-    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": salt}):
-        fig.savefig(buf, format="svg", metadata={"Date": None})
+    # (inside build's rc_context, which restores the user's settings: one copy of them, not
+    # one per figure)
+    matplotlib.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": salt})
+    fig.savefig(buf, format="svg", metadata={"Date": None})
     text = buf.getvalue()
     return text[text.index("<svg"):]
 
@@ -467,6 +472,13 @@ def relation_in_words(relation: str) -> str:
 
 def build(model: dict, privacy: dict, metrics: dict | None = None) -> str:
     """The report.html text of a run (see the module docstring)."""
+    import matplotlib
+
+    with matplotlib.rc_context():   # the figures' settings do not outlive the page
+        return _build(model, privacy, metrics)
+
+
+def _build(model: dict, privacy: dict, metrics: dict | None) -> str:
     epsilon, delta = privacy["epsilon"], privacy["delta"]
     relation = privacy["neighbouring"]
     accountant = privacy["accountant"]

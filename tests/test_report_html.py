@@ -228,3 +228,11 @@ def test_report_renders_in_a_browser_as_a_reader_sees_it(trained, tmp_path, shor
     assert f"{metrics['accuracy']:.6g}" in text
     assert "Largest coefficients" in text and "bucket " in text
     assert PLANTED not in dom.stdout
+
+
+def test_progress_points_are_bounded_and_end_each_run():
+    for counts in ([1, 1, 100], [1, 20], [1] * 40, [5000], [1, 1, 3, 1]):
+        points = report_html._point_counts(counts, 12)
+        assert sum(len(p) for p in points) <= max(12, len(counts) if len(counts) <= 12 else 12)
+        assert points[-1][-1] == counts[-1]                # the whole run is always a point
+        assert all(0 < j <= c for p, c in zip(points, counts) for j in p)
