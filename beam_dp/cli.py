@@ -348,12 +348,13 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     rep = sub.add_parser(
         "report", formatter_class=_Formatter,
         help="write a training output's report.html again from its JSON files",
-        description="Write OUT/report.html (the report `train` writes) again from OUT's "
+        description=textwrap.fill(
+                    "Write OUT/report.html (the report `train` writes) again from OUT's "
                     "model.json, privacy_report.json and metrics.json alone: a summary, epsilon "
                     "as training progressed and as a function of delta (recomputed by the "
                     "run's accountant), the released preprocessing statistics with error bars, "
                     "the validation metrics (not covered by the guarantee) and the largest "
-                    "coefficients. Reads no data and spends no budget.")
+                    "coefficients. Reads no data and spends no budget.", 78))
     rep.add_argument("output", metavar="OUT", help="a training output directory")
     parser.command_parsers = {"train": train, "report": rep, "stats": st, "predict": predict, "make-data": make,
                               "vocabulary": voc,

@@ -30,7 +30,7 @@ TOP_COEFFICIENTS = 20
 TOP_STATISTICS = 20
 # Epsilon is recomputed at this many points of the run at most: each is a PLD built from
 # scratch (~0.1-0.7 s for a Poisson-sampled run), and the curve needs no more to be read.
-PROGRESS_POINTS = 12
+PROGRESS_POINTS = 8
 Z95 = 1.959963984540054   # two-sided 95% normal quantile: error bars of Gaussian noise
 
 _ACCOUNTANTS = {"pld": "PLD (privacy loss distributions), dp_accounting",
@@ -228,7 +228,7 @@ def privacy_curve(privacy: dict, deltas) -> list[tuple[float, float]]:
 def curve_deltas(delta: float) -> np.ndarray:
     low = math.log10(delta) - 4
     high = min(-1.0, math.log10(delta) + 3)
-    return np.logspace(low, high, 15)
+    return np.logspace(low, high, 12)
 
 
 # ------------------------------------------------------------------- released statistics
