@@ -1,4 +1,4 @@
-"""The beam-dp command: train, algorithms, predict, stats, make-data.
+"""The beam-dp command: train, algorithms, predict, stats, make-data, report.
 
 A thin layer over the Python API (``beam_dp.train``): flags are generated from the algorithm
 registry, so ``beam-dp train --algorithm X --help`` lists X's own options with their defaults.
@@ -103,7 +103,7 @@ def _add_run_arguments(parser, audit: bool) -> None:
                          "several paths")
     io.add_argument("--output", required=True,
                     help="directory for audit_report.json" if audit else
-                         "directory for model.json, privacy_report.json, metrics.json")
+                         "directory for model.json, privacy_report.json, metrics.json, report.html")
     io.add_argument("--overwrite", action="store_true",
                     help="replace an existing --output directory that beam-dp wrote (never "
                          "anything else)")
@@ -389,7 +389,18 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     voc.add_argument("--delta", type=float, default=1e-6, help="delta of the release")
     voc.add_argument("--seed", type=int, default=None, help="fixed seed (tests only)")
     voc.add_argument("--batch-rows", type=_positive_int, default=65536, help="rows per block read")
-    parser.command_parsers = {"train": train, "stats": st, "predict": predict, "make-data": make,
+    rep = sub.add_parser(
+        "report", formatter_class=_Formatter,
+        help="write a training output's report.html again from its JSON files",
+        description=textwrap.fill(
+                    "Write OUT/report.html (the report `train` writes) again from OUT's "
+                    "model.json, privacy_report.json and metrics.json alone: a summary, epsilon "
+                    "as training progressed and as a function of delta (recomputed by the "
+                    "run's accountant), the released preprocessing statistics with error bars, "
+                    "the validation metrics (not covered by the guarantee) and the largest "
+                    "coefficients. Reads no data and spends no budget.", 78))
+    rep.add_argument("output", metavar="OUT", help="a training output directory")
+    parser.command_parsers = {"train": train, "report": rep, "stats": st, "predict": predict, "make-data": make,
                               "vocabulary": voc,
                               "audit": audit}
     return parser
@@ -539,6 +550,8 @@ def _main(argv: list[str]) -> int:
             return commands.run(args)
         if args.command == "vocabulary":
             return _vocabulary(args)
+        if args.command == "report":
+            return _report(args)
         return _predict(args)
     except KeyboardInterrupt:
         return _interrupted(args)
@@ -877,13 +890,42 @@ def _write_released(args, release: str, output, validation_files) -> int:
 
 
 def _write_outputs(args, files: dict) -> None:
-    """The output directory, all at once (``report.atomic_directory``): file name -> text."""
+    """The output directory, all at once (``report.atomic_directory``): file name -> text. A
+    training run's also gets report.html, made from its JSON files alone."""
     from beam_dp import report
 
+    if all(name in files for name in ("model.json", "privacy_report.json")):
+        files = {**files, **_report_html(files)}
     with report.atomic_directory(args.output, args.overwrite) as out:
         for name, text in files.items():
             with open(os.path.join(out, name), "w") as f:
                 f.write(text)
+
+
+def _report_html(files: dict) -> dict:
+    """{"report.html": text} from the output's JSON texts; {} with a warning if it cannot be
+    made (the model and its privacy report are written all the same; `beam-dp report OUT`
+    makes it later). The warning names the error's type only: its text is not ours."""
+    from beam_dp import report_html
+
+    try:
+        metrics = json.loads(files["metrics.json"]) if "metrics.json" in files else None
+        text = report_html.build(json.loads(files["model.json"]),
+                                 json.loads(files["privacy_report.json"]), metrics)
+    except Exception as e:  # noqa: BLE001 - the report must not cost the run its model
+        print(f"beam-dp: warning: report.html not written ({type(e).__name__}); run `beam-dp "
+              f"report OUT` on the output directory to make it", file=sys.stderr)
+        return {}
+    return {report_html.REPORT_HTML: text}
+
+
+def _report(args) -> int:
+    """``beam-dp report OUT``: report.html again from OUT's JSON files."""
+    from beam_dp import report_html
+
+    path = report_html.write(args.output)
+    print(f"wrote {path}")
+    return 0
 
 
 def _train_and_write(api, args, beam_args, options, validation_files, release, ledger=None,

@@ -86,7 +86,7 @@ def feature_map(artifact: dict):
     return features.from_spec(artifact.get("feature_transform"))
 
 # What the guarantee protects, by the ledger's neighbouring relation.
-_PROTECTED = {
+PROTECTED = {
     "add/remove": "the presence or absence of any one example (one row) of the training input",
     "replace-one": ("any one example (one row) of the training input against its replacement by "
                     "any other: the number of rows is treated as public"),
@@ -110,7 +110,7 @@ def release_report(ledger, delta: float, seed_fixed: bool, **fields) -> dict:
         "accounting_notes": list(ledger.notes),
         "seed": "fixed by --seed (reproducible run, not for production)" if seed_fixed
                 else "OS secure randomness",
-        "trust_model": TRUST_MODEL.format(unit=_PROTECTED[ledger.neighbouring]),
+        "trust_model": TRUST_MODEL.format(unit=PROTECTED[ledger.neighbouring]),
     }
 
 

@@ -75,7 +75,8 @@ def test_make_data_then_train_local_writes_the_artifacts(tmp_path, cli):
     r = cli("train", "--input", data_dir / "train-*.parquet", "--validation",
             data_dir / "validation-*.parquet", "--output", out, *LOCAL, *FAST, "--seed", 3)
     assert r.code == 0, r
-    assert sorted(os.listdir(out)) == [report.MARKER, "metrics.json", "model.json", "privacy_report.json"]
+    assert sorted(os.listdir(out)) == [report.MARKER, "metrics.json", "model.json", "privacy_report.json",
+                                       "report.html"]
 
     model = read_json(out / "model.json")
     assert model["model"] == "logistic"
@@ -374,7 +375,7 @@ def test_existing_output_is_left_untouched_without_overwrite(tmp_path, cli, smal
     # A directory beam-dp wrote is replaced with --overwrite.
     r = cli(*train_args(small_binary, out, *LOCAL, *FAST, "--overwrite"))
     assert r.code == 0, r
-    assert sorted(os.listdir(out)) == [report.MARKER, "model.json", "privacy_report.json"]
+    assert sorted(os.listdir(out)) == [report.MARKER, "model.json", "privacy_report.json", "report.html"]
     _no_temporary_leftovers(tmp_path)
 
 
