@@ -226,9 +226,10 @@ def _warm_start_theta(warm_start, chosen, loss, feature_columns, label_column, f
                       f"{sorted(set(ours) - set(theirs))[:5]})")
         raise ValueError(f"--warm-start: the model does not fit this run: its "
                          f"{', '.join(mismatch)} differ{detail}")
-    if artifact.get("feature_transform") or getattr(algorithm_options, "feature_norm", None):
+    if (artifact.get("feature_transform") or getattr(algorithm_options, "feature_norm", None)
+            or getattr(algorithm_options, "scale_features", "none") != "none"):
         raise ValueError("--warm-start needs models without a feature transform "
-                         "(no --feature-norm) on both sides")
+                         "(no --feature-norm, no --scale-features) on both sides")
     return np.array(model.theta, dtype=np.float64)
 
 
@@ -408,20 +409,24 @@ class Model:
         data.check_finite(x, "X")
         return x
 
+    def _rows(self, X):
+        """(features, rows a declared "drop" policy leaves out, or None)."""
+        encoding = self.encoding
+        return encode_rows(X, encoding) if encoding is not None else (self._features(X), None)
+
     def decision_function(self, X) -> np.ndarray:
-        x = self._features(X)
+        """Scores; NaN for a row a declared "drop" policy leaves out."""
+        x, dropped = self._rows(X)
         s = self.block_scores(data.Block(x, np.zeros(x.shape[0])))
+        if dropped is not None:
+            s[dropped] = np.nan
         return s[:, 0] if s.shape[1] == 1 else s
 
     def predict(self, X) -> np.ndarray:
         """Predictions: class ids (or the declared class names, ``label_classes``), or values.
         A row that a declared "drop" policy would leave out of training gets None (NaN for a
         regression)."""
-        encoding = self.encoding
-        if encoding is not None:
-            x, dropped = encode_rows(X, encoding)
-        else:
-            x, dropped = self._features(X), None
+        x, dropped = self._rows(X)
         ids = self.loss.predict(self.block_scores(data.Block(x, np.zeros(x.shape[0]))))
         return self.labels_of(ids, dropped)
 
@@ -458,12 +463,14 @@ class Model:
     def score(self, X, y) -> float:
         """Accuracy for classifiers, R^2 for regression (scikit-learn's conventions)."""
         prediction = self.predict(X)
+        # Rows a declared "drop" policy leaves out are not scored (they have no prediction).
+        scored = np.array([p is not None and p == p for p in prediction], dtype=bool)
         encoding = self.encoding
         if encoding is not None and encoding.label_classes is not None:
             truth = np.asarray(y, dtype=object).reshape(-1).astype(str)
-            scored = np.array([p is not None for p in prediction])   # not dropped
             return float(np.mean(prediction[scored].astype(str) == truth[scored]))
-        y = np.asarray(y, dtype=np.float64).reshape(-1)
+        prediction = prediction[scored].astype(np.float64)
+        y = np.asarray(y, dtype=np.float64).reshape(-1)[scored]
         if self.loss.is_classifier:
             truth = (y > 0).astype(np.int64) if self.loss.name in ("logistic", "hinge") else y
             return float(np.mean(prediction == truth))

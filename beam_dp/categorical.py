@@ -173,6 +173,9 @@ class Encoding:
                 raise EncodingError("--label-classes needs at least two distinct classes")
             if self.positive_class is not None and self.positive_class not in self.label_classes:
                 raise EncodingError("--positive-class must be one of --label-classes")
+            if self.positive_class is not None and len(self.label_classes) > 2:
+                raise EncodingError("--positive-class is for two classes; with more, the "
+                                    "classes' order gives their ids")
         elif self.positive_class is not None:
             raise EncodingError("--positive-class needs --label-classes")
 

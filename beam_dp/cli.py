@@ -1004,6 +1004,17 @@ def _train_model(api, args, beam_args, options, gate=None):
         missing=_missing_policies(args.missing), ignore_columns=args.ignore_columns, **options)
 
 
+def _concat_ids(pieces: list):
+    """An id column from its pieces: as they are if all have one type, else all as text (a CSV
+    file's ids are text, a Parquet file's may be integers)."""
+    import pyarrow as pa
+    if not pieces:
+        return pa.array([], pa.string())
+    if len({p.type for p in pieces}) > 1:
+        pieces = [p.cast(pa.large_string()) for p in pieces]
+    return pa.concat_arrays(pieces)
+
+
 def _missing_policies(given: list[str] | None) -> dict | None:
     """--missing COLUMN=POLICY flags as a dict (a column given twice is an error)."""
     if not given:
@@ -1249,8 +1260,7 @@ def _predict(args) -> int:
                 probabilities.append(api.losses.expit(s[:, 0]))
     mask = np.concatenate(dropped) if dropped else np.zeros(0, dtype=bool)
     labels = model.labels_of(np.concatenate(predictions), mask)
-    columns = {c: pa.concat_arrays([a for part in ids[c] for a in part.chunks])
-               for c in id_columns}
+    columns = {c: _concat_ids([a for part in ids[c] for a in part.chunks]) for c in id_columns}
     columns["prediction"] = (pa.array(labels.tolist()) if labels.dtype == object
                              else pa.array(labels, mask=mask if mask.any() else None))
     if probabilities:

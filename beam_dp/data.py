@@ -558,7 +558,7 @@ def blocks_from_shard(shard: Shard, label_column: str | None, feature_columns: S
                     features = _encoded(encoding, features, batch, path)
                 labels = None
                 if class_labels:
-                    labels, unknown = encoding.label_ids(batch.column(label_column))
+                    labels, unknown = _class_ids(encoding, batch, label_column, path)
                     if unknown is not None:
                         raise DataError(f"{path}, row {row_start + unknown + 1}: column "
                                         f"'{label_column}' holds a value that is not one of the "
@@ -590,6 +590,15 @@ def blocks_from_shard(shard: Shard, label_column: str | None, feature_columns: S
         failure = f"{path}: cannot read ({_reason(path, e)})"
     # Raised outside the handlers so that no exception chained to it carries pyarrow's text.
     raise DataError(failure or _missing_columns(path, columns, opener))
+
+
+def _class_ids(encoding, batch: pa.RecordBatch, label_column: str, path: str):
+    from beam_dp.categorical import EncodingError
+    try:
+        return encoding.label_ids(batch.column(label_column))
+    except EncodingError as e:
+        failure = f"{path}: column '{label_column}': {e}"
+    raise DataError(failure)
 
 
 def _encoded(encoding, numeric: np.ndarray, batch: pa.RecordBatch, path: str):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import stat
@@ -139,7 +140,7 @@ def evaluate(loss: losses_mod.GlmLoss, theta: np.ndarray, blocks) -> dict:
     """Accuracy (classification) or RMSE (regression) over validation blocks, next to the best
     constant predictor's on the same rows (the majority class, or the mean label), so that a
     model no better than a constant is flagged (``better_than_constant``)."""
-    correct = squared = label_sum = label_squares = 0.0
+    correct = squared = label_mean = label_m2 = 0.0
     class_counts = np.zeros(max(loss.outputs(), 2))
     n = 0
     for b in blocks:
@@ -149,9 +150,19 @@ def evaluate(loss: losses_mod.GlmLoss, theta: np.ndarray, blocks) -> dict:
             correct += float(np.sum(loss.predict(s) == truth))
             class_counts += np.bincount(np.asarray(truth, dtype=np.int64), minlength=len(class_counts))
         else:
-            squared += float(np.sum((s[:, 0] - b.labels) ** 2))
-            label_sum += float(np.sum(b.labels))
-            label_squares += float(np.sum(b.labels ** 2))
+            with np.errstate(over="ignore", invalid="ignore"):
+                squared += float(np.sum((s[:, 0] - b.labels) ** 2))
+                # The labels' spread merged block by block (Chan, Golub & LeVeque): no
+                # E[y^2] - E[y]^2, which cancels to 0 for labels of 1e9 + noise and overflows
+                # for labels near 1e200 (inf there, never an exception).
+                m = len(b)
+                if m:
+                    block_mean = float(np.mean(b.labels))
+                    block_m2 = float(np.sum((b.labels - block_mean) ** 2))
+                    total = n + m
+                    delta = block_mean - label_mean
+                    label_mean += delta * m / total
+                    label_m2 += block_m2 + delta * delta * n * m / total
         n += len(b)
     metrics = {"validation_examples": n}
     if n == 0:
@@ -163,8 +174,7 @@ def evaluate(loss: losses_mod.GlmLoss, theta: np.ndarray, blocks) -> dict:
         metrics["better_than_constant"] = bool(metrics["accuracy"] > class_counts.max() / n)
     else:
         metrics["rmse"] = float(np.sqrt(squared / n))
-        mean = label_sum / n
-        spread = float(np.sqrt(max(label_squares / n - mean ** 2, 0.0)))
+        spread = float(np.sqrt(label_m2 / n)) if math.isfinite(label_m2) else math.inf
         metrics["constant_baseline"] = {"predictor": "the mean label of these rows", "rmse": spread}
         metrics["better_than_constant"] = bool(metrics["rmse"] < spread)
     return metrics

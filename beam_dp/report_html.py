@@ -560,8 +560,13 @@ def _build(model: dict, privacy: dict, metrics: dict | None) -> str:
     if metrics is None:
         parts.append("<p>None: the run had no --validation data.</p>")
     else:
-        shown = [(k, _number(v)) for k, v in metrics.items()
-                 if k not in ("covered_by_privacy_guarantee", "note")]
+        shown = []
+        for k, v in metrics.items():
+            if k in ("covered_by_privacy_guarantee", "note"):
+                continue
+            # (one level of nesting: the constant predictor's figures under its own name)
+            items = [(f"{k}: {sub}", x) for sub, x in v.items()] if isinstance(v, dict) else [(k, v)]
+            shown.extend((name, _number(x)) for name, x in items)
         parts.append("<div class='not-covered'><h3>Not covered by the privacy guarantee</h3>"
                      "<p>These metrics were computed on the validation data without noise: they "
                      "are not differentially private and are not covered by the privacy "

@@ -89,9 +89,13 @@ def from_dict(raw, source: str = "schema") -> dict:
 
 def merge(declared: dict, given: dict, defaults: dict) -> dict:
     """``given`` keywords over the schema's ``declared`` ones: a keyword still at its default
-    takes the schema's value."""
+    takes the schema's value (so a flag given at its default value cannot override the file);
+    ``missing`` maps are merged, a flag's policy winning for its column."""
     out = dict(given)
     for name, value in declared.items():
+        if name == "missing" and out.get(name):
+            out[name] = {**value, **out[name]}   # a flag's column wins; the file's others stay
+            continue
         if name in out and out[name] != defaults.get(name):
             continue
         out[name] = value

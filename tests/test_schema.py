@@ -352,3 +352,96 @@ def test_a_model_no_better_than_a_constant_is_said_so(tmp_path, cli, task):
             "--output", str(tmp_path / "g"), "--validation", str(tmp_path / "good.parquet"))
     assert r.code == 0 and "no better than a constant" not in r.err
     assert json.loads((tmp_path / "g" / "metrics.json").read_text())["better_than_constant"] is True
+
+
+# -------------------------------------------------------------- edge cases found in review
+
+
+def test_the_constant_baseline_survives_huge_and_offset_labels():
+    from beam_dp import losses, report
+    linear = losses.make_loss("linear")
+    theta = np.zeros((1, 2))
+    g = np.random.default_rng(0)
+    offset = 1e9 + g.normal(size=1000)
+    blocks = [data.Block(np.zeros((500, 1)), offset[:500]), data.Block(np.zeros((500, 1)), offset[500:])]
+    metrics = report.evaluate(linear, theta, blocks)
+    # the spread of 1e9 + N(0, 1) is about 1 (E[y^2] - E[y]^2 gave 0 here)
+    assert metrics["constant_baseline"]["rmse"] == pytest.approx(np.std(offset), rel=1e-6)
+    huge = [data.Block(np.zeros((2, 1)), np.array([1e200, -1e200]))]
+    metrics = report.evaluate(linear, theta, huge)     # no OverflowError
+    assert metrics["better_than_constant"] in (True, False)
+
+
+def test_warm_start_is_refused_into_a_scaled_run(tmp_path):
+    parquet, _ = _write(_table(600), tmp_path, "t")
+    common = dict(input=parquet, epsilon=1.0, seed=1, runner="local", label_column="y",
+                  label_classes=["No", "Yes"], ignore_columns=["id"],
+                  missing={"x2": "constant:0", "y": "drop"})
+    first = _train(**common)
+    with pytest.raises(ValueError, match="no --scale-features"):
+        _train(warm_start=first, scale_features="private", **common)
+
+
+def test_the_api_leaves_dropped_rows_out_of_scores_and_probabilities(tmp_path):
+    parquet, _ = _write(_table(600, seed=2), tmp_path, "t")
+    model = _train(input=parquet, epsilon=1.0, seed=1, runner="local", label_column="y",
+                   label_classes=["No", "Yes"], ignore_columns=["id"],
+                   missing={"x2": "drop", "y": "drop"})
+    test = _table(300, seed=8)
+    x = {"x1": test["x1"], "x2": test["x2"]}
+    absent = np.isnan(test["x2"].to_numpy(zero_copy_only=False))
+    assert np.isnan(model.decision_function(x)[absent]).all()
+    assert np.isfinite(model.decision_function(x)[~absent]).all()
+    assert np.isnan(model.predict_proba(x)[absent]).all()
+    truth = np.array(test["y"].to_pylist(), dtype=object).astype(str)
+    predicted = model.predict(x)
+    kept = ~absent
+    assert model.score(x, truth) == pytest.approx(float(np.mean(predicted[kept] == truth[kept])))
+
+
+def test_a_later_file_whose_label_cannot_hold_classes_is_named(tmp_path):
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"x": [1.0, 2.0], "y": pa.array(["0", "1"])}), tmp_path / "in" / "a.parquet")
+    pq.write_table(pa.table({"x": [1.0, 2.0], "y": [0.0, 1.0]}), tmp_path / "in" / "b.parquet")
+    with pytest.raises(data.DataError, match=r"b\.parquet: column 'y': .*cannot be categorical"):
+        _train(input=str(tmp_path / "in" / "*.parquet"), noise_multiplier=1.0, num_examples=4,
+               steps=1, runner="local", label_column="y", label_classes=["0", "1"])
+
+
+def test_predict_id_columns_of_different_types_across_files(tmp_path, cli):
+    (tmp_path / "in").mkdir()
+    g = np.random.default_rng(0)
+    x = g.normal(size=400)
+    label = np.where(x > 0, "Yes", "No")
+    pq.write_table(pa.table({"id": np.arange(200, dtype=np.int64), "x": x[:200], "y": label[:200]}),
+                   tmp_path / "in" / "a.parquet")
+    pa_csv.write_csv(pa.table({"id": np.arange(200, 400), "x": x[200:], "y": label[200:]}),
+                     str(tmp_path / "in" / "b.csv"))
+    r = cli("train", "--input", str(tmp_path / "in" / "a.parquet"), "--label-column", "y",
+            "--label-classes", "No,Yes", "--ignore-columns", "id", "--epsilon", "1", "--runner",
+            "local", "--seed", "1", "--output", str(tmp_path / "m"))
+    assert r.code == 0, r.err
+    r = cli("predict", "--model", str(tmp_path / "m"), "--input", str(tmp_path / "in" / "a.parquet"),
+            str(tmp_path / "in" / "b.csv"), "--id-columns", "id", "--output", str(tmp_path / "p.csv"))
+    assert r.code == 0, r.err
+    ids = pa_csv.read_csv(tmp_path / "p.csv").column("id").to_pylist()
+    assert [int(i) for i in ids] == list(range(400))
+
+
+def test_a_flag_policy_is_merged_with_the_schema_files_policies(tmp_path, cli):
+    parquet, _ = _write(_table(800, seed=5), tmp_path, "t")
+    (tmp_path / "schema.json").write_text(json.dumps({
+        "label": "y", "label_classes": ["No", "Yes"], "ignore": ["id"],
+        "missing": {"x2": "drop", "y": "drop"}}))
+    r = cli("train", "--input", parquet, "--schema", str(tmp_path / "schema.json"),
+            "--missing", "x2=indicator", "--epsilon", "1", "--runner", "local", "--seed", "1",
+            "--output", str(tmp_path / "m"))
+    assert r.code == 0, r.err      # the file's "y": "drop" kept
+    spec = json.loads((tmp_path / "m" / "model.json").read_text())["encoding"]
+    assert spec["missing"] == {"x2": {"policy": "indicator", "fill": 0.0}}
+    assert spec["label_missing"] == "drop"
+
+
+def test_positive_class_is_refused_with_more_than_two_classes():
+    with pytest.raises(EncodingError, match="for two classes"):
+        categorical.make_encoding(["x"], [], label_classes=["a", "b", "c"], positive_class="b")

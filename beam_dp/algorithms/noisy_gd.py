@@ -758,7 +758,8 @@ def _train_noisy(name: str, options, problem: Problem, aggregator, seed: int, le
     result = train(config, problem.loss, problem.dim, aggregator, seed, ledger, progress,
                    problem.checkpoint_dir, preprocess=preprocess, make_transform=make_transform,
                    checkpoint_key={"input": problem.source, "seed_fixed": problem.seed_fixed,
-                                   "scale_features": options.scale_features},
+                                   "scale_features": options.scale_features,
+                                   "scale_epsilon": options.scale_epsilon},
                    initial_theta=problem.initial_theta, make_step_scale=make_step_scale)
     applied = make_transform(result.preprocessing) if make_transform else None
     return dataclasses.replace(result, feature_transform=features.spec(applied))
