@@ -427,8 +427,11 @@ class Model:
         A row that a declared "drop" policy would leave out of training gets None (NaN for a
         regression)."""
         x, dropped = self._rows(X)
-        ids = self.loss.predict(self.block_scores(data.Block(x, np.zeros(x.shape[0]))))
-        return self.labels_of(ids, dropped)
+        return self.labels_of(self._ids(x), dropped)
+
+    def _ids(self, x) -> np.ndarray:
+        """Predicted class ids (or values) of encoded features."""
+        return self.loss.predict(self.block_scores(data.Block(x, np.zeros(x.shape[0]))))
 
     def labels_of(self, predicted: np.ndarray, dropped: np.ndarray | None = None) -> np.ndarray:
         """Predicted ids as the declared class names (if any); rows in ``dropped`` as None (or
@@ -462,9 +465,10 @@ class Model:
 
     def score(self, X, y) -> float:
         """Accuracy for classifiers, R^2 for regression (scikit-learn's conventions)."""
-        prediction = self.predict(X)
+        x, dropped = self._rows(X)
+        prediction = self.labels_of(self._ids(x))
         # Rows a declared "drop" policy leaves out are not scored (they have no prediction).
-        scored = np.array([p is not None and p == p for p in prediction], dtype=bool)
+        scored = np.ones(len(prediction), dtype=bool) if dropped is None else ~dropped
         encoding = self.encoding
         if encoding is not None and encoding.label_classes is not None:
             truth = np.asarray(y, dtype=object).reshape(-1).astype(str)
