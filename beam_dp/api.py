@@ -403,6 +403,11 @@ class Model:
             return encode_columns(X, encoding)
         if hasattr(X, "columns") and set(self.feature_columns) <= {str(c) for c in X.columns}:
             X = X[self.feature_columns]
+        elif isinstance(X, dict):   # columns by name, as a model with an encoding takes them
+            absent = [c for c in self.feature_columns if c not in X]
+            if absent:
+                raise ValueError(f"X lacks the model's column(s): {', '.join(absent)}")
+            X = np.column_stack([np.asarray(X[c]) for c in self.feature_columns])
         x = data.as_feature_matrix(X)
         if x.shape[1] != len(self.feature_columns):
             raise ValueError(f"X has {x.shape[1]} columns; the model has {len(self.feature_columns)} features")

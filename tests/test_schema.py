@@ -445,3 +445,17 @@ def test_a_flag_policy_is_merged_with_the_schema_files_policies(tmp_path, cli):
 def test_positive_class_is_refused_with_more_than_two_classes():
     with pytest.raises(EncodingError, match="for two classes"):
         categorical.make_encoding(["x"], [], label_classes=["a", "b", "c"], positive_class="b")
+
+
+def test_a_plain_model_predicts_from_a_dict_of_columns(tmp_path):
+    g = np.random.default_rng(0)
+    x = g.normal(size=(300, 2))
+    pq.write_table(pa.table({"a": x[:, 0], "b": x[:, 1], "label": (x[:, 0] > 0).astype(int)}),
+                   tmp_path / "t.parquet")
+    model = _train(input=str(tmp_path / "t.parquet"), noise_multiplier=1.0, num_examples=300,
+                   steps=2, runner="local")
+    assert model.artifact.get("encoding") is None
+    by_name = model.decision_function({"b": x[:, 1], "a": x[:, 0]})   # any order, by name
+    np.testing.assert_array_equal(by_name, model.decision_function(x))
+    with pytest.raises(ValueError, match="lacks the model's column"):
+        model.predict({"a": x[:, 0]})
