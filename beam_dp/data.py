@@ -568,7 +568,8 @@ def blocks_from_shard(shard: Shard, label_column: str | None, feature_columns: S
                 if labels is not None and encoding is not None and encoding.label_missing == "drop":
                     absent = np.isnan(labels)
                     keep &= ~absent
-                    labels[absent] = 0.0   # (left out below)
+                    # (a new array: Arrow's may be read-only) the dropped rows' labels, left out below
+                    labels = np.where(absent, 0.0, labels)
                 block = validated_block(features, labels, loss, path, row_start, feature_columns,
                                         label_column)
                 if keep is not None and not keep.all():

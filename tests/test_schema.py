@@ -459,3 +459,23 @@ def test_a_plain_model_predicts_from_a_dict_of_columns(tmp_path):
     np.testing.assert_array_equal(by_name, model.decision_function(x))
     with pytest.raises(ValueError, match="lacks the model's column"):
         model.predict({"a": x[:, 0]})
+
+
+@pytest.mark.parametrize("kind", ["softmax-classes", "linear-numbers"])
+def test_a_label_drop_policy_works_on_arrows_read_only_label_arrays(tmp_path, kind):
+    """Arrow hands out read-only numpy views; the drop policy once wrote into one (softmax class
+    ids, a float label column without nulls) and crashed."""
+    g = np.random.default_rng(0)
+    x = g.normal(size=300)
+    if kind == "softmax-classes":
+        y = np.where(x > 0.5, "c", np.where(x < -0.5, "a", "b")).astype(object)
+        y[5] = None
+        table = pa.table({"x": x, "y": pa.array(y, pa.string())})
+        declared = dict(model="softmax", label_classes=["a", "b", "c"])
+    else:
+        table = pa.table({"x": x, "y": 2.0 * x})
+        declared = dict(model="linear")
+    pq.write_table(table, tmp_path / "t.parquet")
+    model = _train(input=str(tmp_path / "t.parquet"), label_column="y", missing={"y": "drop"},
+                   noise_multiplier=1.0, num_examples=300, steps=2, runner="local", **declared)
+    assert np.isfinite(model.theta).all()
