@@ -7,6 +7,7 @@ default settings otherwise (private count, epsilon 1).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 
@@ -150,3 +151,14 @@ def test_scaling_is_refused_with_categorical_columns(tmp_path):
         _train(input=str(tmp_path / "t.parquet"), epsilon=1.0, runner="local", steps=1,
                scale_features="private", categorical_columns=["c"], hash_buckets=4)
 
+
+
+def test_only_the_algorithms_that_scale_declare_the_option():
+    """dpsgd-f shares dpsgd's options but has its own private preprocessing: it must not accept
+    --scale-features and ignore it (it once inherited the flag)."""
+    from beam_dp.algorithms import registry
+    declaring = {name for name, a in registry.algorithms().items()
+                 if "scale_features" in {f.name for f in dataclasses.fields(a.options)}}
+    assert declaring == {"dpgd", "dpsgd"}
+    with pytest.raises(TypeError, match="unknown option"):
+        registry.make_options(registry.get("dpsgd-f").options, {"scale_features": "private"})

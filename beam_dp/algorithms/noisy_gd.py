@@ -718,6 +718,13 @@ class DpsgdOptions:
     steps: int | None = option(None, "number of steps; overrides --epochs", low=1)
     average_iterates: bool = option(False, "output the average of the iterates rather than the last")
     feature_norm: float | None = _FEATURE_NORM
+
+
+@dataclasses.dataclass
+class ScaledDpsgdOptions(DpsgdOptions):
+    """dpsgd's options: DpsgdOptions (which dpsgd-f shares, with its own private preprocessing
+    instead of this one) and the private column scaling."""
+
     scale_features: str = _SCALE
     scale_epsilon: float | None = _SCALE_EPSILON
 
@@ -916,4 +923,4 @@ DPGD = Algorithm(
 DPSGD = Algorithm(
     "dpsgd", "large data where a full pass per step is too slow: Poisson-sampled mini-batches, "
              "each step reads only its batch; needs more tuning than dpgd",
-    MODEL_NAMES, DpsgdOptions, _train_dpsgd, warm_start=True, secure_noise=True)
+    MODEL_NAMES, ScaledDpsgdOptions, _train_dpsgd, warm_start=True, secure_noise=True)
