@@ -51,7 +51,8 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
           hash_buckets: int | None = None, hash_seed: int = 0, vocabulary: str | None = None,
           label_classes: Sequence[str] | None = None, positive_class: str | None = None,
           missing: dict | None = None, ignore_columns: Sequence[str] | None = None,
-          schema: "str | dict | None" = None, **options) -> "Model":
+          schema: "str | dict | None" = None, bounds: dict | None = None,
+          **options) -> "Model":
     """Trains a differentially private GLM; see the module docstring.
 
     ``epsilon`` (with ``delta``) calibrates the noise; ``noise_multiplier`` instead reports the
@@ -78,7 +79,8 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
     keywords, which win over it): ``label_classes`` (text labels, in class-id order; a binary
     model's ``positive_class`` defaults to the second), ``missing`` (column -> "constant:V",
     "indicator", "indicator:V" or "drop"; the label column only "drop"), ``ignore_columns``
-    (left out of the default features).
+    (left out of the default features), ``bounds`` (column -> (low, high): public ranges; dpgd
+    and dpsgd scale those columns, and a regression label, without spending privacy).
     """
     if mechanisms.NOISE_SCALE_FOR_TESTS != 1.0:   # the audit's broken build must not train models
         raise RuntimeError("this process has mechanisms.NOISE_SCALE_FOR_TESTS set (a test-only "
@@ -89,10 +91,13 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
         given = dict(label_column=label_column, feature_columns=feature_columns,
                      categorical_columns=categorical_columns, hash_buckets=hash_buckets,
                      hash_seed=hash_seed, vocabulary=vocabulary, label_classes=label_classes,
-                     positive_class=positive_class, missing=missing, ignore_columns=ignore_columns)
+                     positive_class=positive_class, missing=missing, ignore_columns=ignore_columns,
+                     bounds=bounds)
         merged = schema_mod.merge(declared, given, _SCHEMA_DEFAULTS)
         (label_column, feature_columns, categorical_columns, hash_buckets, hash_seed, vocabulary,
-         label_classes, positive_class, missing, ignore_columns) = (merged[k] for k in given)
+         label_classes, positive_class, missing, ignore_columns, bounds) = (merged[k] for k in given)
+    if bounds is not None:
+        bounds = schema_mod.check_bounds(bounds)
     if label_classes is not None and model == "softmax" and num_classes is None:
         num_classes = len(label_classes)   # public: the declared classes
     run = _run(X, y, input=input, algorithm=algorithm, model=model, epsilon=epsilon, delta=delta,
@@ -103,7 +108,7 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
                pipeline_args=pipeline_args, batch_rows=batch_rows, seed=seed,
                steps_per_job=steps_per_job, checkpoint_dir=checkpoint_dir, progress=progress,
                warm_start=warm_start, max_jobs=max_jobs, budget_gate=budget_gate, options=options,
-               categorical=dict(categorical_columns=categorical_columns, hash_buckets=hash_buckets,
+               bounds=bounds, categorical=dict(categorical_columns=categorical_columns, hash_buckets=hash_buckets,
                                 hash_seed=hash_seed, vocabulary=vocabulary,
                                 label_classes=label_classes, positive_class=positive_class,
                                 missing=missing, ignore_columns=ignore_columns))
@@ -137,7 +142,8 @@ def _run(X, y, *, input, algorithm, model, epsilon, delta, noise_multiplier, acc
          num_examples, count_epsilon, noise, num_classes, huber_delta, fit_intercept, label_column,
          feature_columns, runner, pipeline_args, batch_rows, seed, steps_per_job=None,
          checkpoint_dir=None, progress=None, warm_start=None, max_jobs=None, budget_gate=None,
-         options=None, instrument=None, categorical: dict | None = None) -> _Run:
+         options=None, instrument=None, categorical: dict | None = None,
+         bounds: dict | None = None) -> _Run:
     """``train`` up to its result: what ``train`` and ``beam_dp.audit.run`` share.
     ``instrument(problem, aggregator) -> (problem, aggregator)``: the audit's canaries (a wider
     problem, an aggregator that injects them); None for training."""
@@ -174,6 +180,11 @@ def _run(X, y, *, input, algorithm, model, epsilon, delta, noise_multiplier, acc
     source = {"files": files, "label_column": label_column, "feature_columns": list(feature_columns)}
     if encoding is not None:   # public: the declared columns and the hash or vocabulary
         source["encoding"] = encoding.spec()
+    indicators = [f"{c}_missing" for c in encoding.indicators] if encoding is not None else []
+    if bounds or indicators:
+        source["bounds"] = _declared_bounds(bounds or {}, encoding.dense_names if encoding is not None
+                                            else list(feature_columns), label_column, loss,
+                                            indicators)
     initial = None
     if warm_start is not None:
         initial = _warm_start_theta(warm_start, chosen, loss, list(feature_columns), label_column,
@@ -194,6 +205,30 @@ def _run(X, y, *, input, algorithm, model, epsilon, delta, noise_multiplier, acc
         aggregator.close()
     return _Run(result, ledger, chosen, algorithm_options, privacy, loss, list(feature_columns),
                 encoding)
+
+
+def _declared_bounds(bounds: dict, dense_names: list, label_column: str, loss,
+                     indicators=()) -> dict:
+    """The declared public ranges by model column ({"columns": [[index, low, high], ...],
+    "label": [low, high] or None}); a missing-value indicator column is [0, 1] by construction.
+    A name that is neither a numeric feature nor a regression label is an error (naming the
+    column: a declaration, not data)."""
+    index = {name: i for i, name in enumerate(dense_names)}
+    columns = {index[name]: [0.0, 1.0] for name in indicators}
+    label = None
+    for name, pair in bounds.items():
+        if name == label_column:
+            if loss.name != "linear":
+                raise ValueError(f"bounds for the label '{name}': only a linear regression's "
+                                 "label is scaled (a classifier's labels are classes; Huber's "
+                                 "--huber-delta is in the label's units)")
+            label = [float(pair[0]), float(pair[1])]
+        elif name in index:
+            columns[index[name]] = [float(pair[0]), float(pair[1])]
+        else:
+            raise ValueError(f"bounds given for '{name}', which is not a numeric feature column "
+                             "of this model (nor its label)")
+    return {"columns": [[i, *columns[i]] for i in sorted(columns)], "label": label}
 
 
 def _warm_start_theta(warm_start, chosen, loss, feature_columns, label_column, fit_intercept,

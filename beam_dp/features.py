@@ -69,21 +69,55 @@ class CenterAugmentClip:
 
 @dataclasses.dataclass(frozen=True)
 class ScaleColumns:
-    """x_j -> (clip(x_j, low_j, high_j) - mid_j) / half_j, into [-1, 1] (a column with
-    low_j == high_j becomes 0): each column on its own privately released range
-    (``--scale-features private``), so that a column in dollars and a 0/1 column weigh alike
-    against the clip norm. Bounded by construction: no value, however large, passes 1."""
+    """x_j -> clip((x_j - mid_j) / half_j, -reach_j, reach_j): each column's range [low_j, high_j]
+    mapped onto [-1, 1] (a column with low_j == high_j becomes 0; a column whose bounds are NaN
+    is left as it is), so that a column in dollars and a 0/1 column weigh alike against the clip
+    norm. ``reach`` (default 1 for every column): how far past its range a column may go. A
+    declared range is the column's domain (reach 1); a privately released 2nd-98th percentile
+    range keeps the tails up to ``reach`` times its half-width (4: the rare large values that
+    carry a rare class's signal are not all made equal). Bounded by construction: no value,
+    however large, passes its reach.
+
+    ``label_low``/``label_high`` (a regression label's range) map the label the same way during
+    training only: the trained coefficients are mapped back to the label's units
+    (``unscale_label``), so the recorded transform (``spec``) and predict leave labels alone."""
 
     low: tuple
     high: tuple
+    label_low: float | None = None
+    label_high: float | None = None
+    reach: tuple | None = None
 
     def __call__(self, block: Block) -> Block:
-        low, high = np.asarray(self.low), np.asarray(self.high)
+        low, high = np.asarray(self.low, dtype=np.float64), np.asarray(self.high, dtype=np.float64)
+        keep = np.isnan(low) | np.isnan(high)
+        low, high = np.where(keep, -1.0, low), np.where(keep, 1.0, high)
         half = (high - low) / 2.0
         mid = low + half
-        clipped = np.clip(block.features, low, high)   # NaN never reaches here (checked)
+        reach = np.ones_like(low) if self.reach is None else np.asarray(self.reach, dtype=np.float64)
+        # Clipped to the reach in the raw units first, so no difference overflows; NaN never
+        # reaches here (checked at input).
+        clipped = np.clip(block.features, mid - reach * half, mid + reach * half)
         scaled = np.divide(clipped - mid, half, out=np.zeros_like(clipped), where=half > 0)
-        return Block(scaled, block.labels, block.source, block.row_start, tag=block.tag)
+        scaled = np.clip(scaled, -reach, reach)   # (rounding)
+        if keep.any():
+            scaled = np.where(keep, block.features, scaled)
+        labels = block.labels
+        if self.label_low is not None:
+            label_half = (self.label_high - self.label_low) / 2.0
+            labels = (np.clip(labels, self.label_low, self.label_high)
+                      - (self.label_low + label_half)) / label_half
+        return Block(scaled, labels, block.source, block.row_start, tag=block.tag)
+
+    def unscale_label(self, theta: np.ndarray) -> np.ndarray:
+        """Coefficients trained on the scaled label, in the label's units: y = mid + half * y'
+        (a post-processing of the released model)."""
+        if self.label_low is None:
+            return theta
+        label_half = (self.label_high - self.label_low) / 2.0
+        out = np.array(theta, dtype=np.float64) * label_half
+        out[:, -1] += self.label_low + label_half
+        return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,9 +142,13 @@ def spec(transform) -> dict | None:
     """The model.json form of a raw-feature map (None for the identity)."""
     if transform is None:
         return None
-    if type(transform) is ScaleColumns:
-        return {"scale_columns": {"low": [float(v) for v in transform.low],
-                                  "high": [float(v) for v in transform.high]}}
+    if type(transform) is ScaleColumns:   # (the label's scale is folded into the coefficients)
+        def listed(values):   # JSON has no NaN: None marks a column left as it is
+            return [None if np.isnan(v) else float(v) for v in values]
+        recorded = {"low": listed(transform.low), "high": listed(transform.high)}
+        if transform.reach is not None:
+            recorded["reach"] = [float(v) for v in transform.reach]
+        return {"scale_columns": recorded}
     for name, cls in _RECORDABLE.items():
         if type(transform) is cls:
             return {name: float(transform.norm)}
@@ -123,8 +161,10 @@ def from_spec(recorded: dict | None):
         return lambda block: block
     (name, norm), = recorded.items()
     if name == "scale_columns":
-        return ScaleColumns(tuple(float(v) for v in norm["low"]),
-                            tuple(float(v) for v in norm["high"]))
+        return ScaleColumns(tuple(np.nan if v is None else float(v) for v in norm["low"]),
+                            tuple(np.nan if v is None else float(v) for v in norm["high"]),
+                            reach=tuple(float(v) for v in norm["reach"]) if "reach" in norm
+                            else None)
     if name not in _RECORDABLE:
         raise ValueError(f"unknown feature_transform {name!r} in the model")
     return _RECORDABLE[name](float(norm))

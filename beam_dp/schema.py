@@ -14,18 +14,28 @@ over the file. The file:
       "hash_buckets": 64,                        # or "vocabulary": "vocab.json"
       "ignore": ["row_id"],                      # left out of the default feature columns
       "id_columns": ["row_id"],                  # copied into predict's output
-      "missing": {"income": "indicator", "balance": "constant:0", "label": "drop"}
+      "missing": {"income": "indicator", "balance": "constant:0", "label": "drop"},
+      "bounds": {"income": [0, 100000], "balance": [0, 3000]}   # public ranges
     }
 
 ``missing`` gives each numeric column's policy for a missing cell (null, empty, NaN):
 "constant:V" fills V; "indicator" (or "indicator:V") fills 0 (or V) and adds a 0/1 column
 "<column>_missing"; "drop" leaves the row out of training. The label column takes only "drop".
-Without a policy a missing cell is an error naming its row and column, as before. Everything
-declared here is public, recorded in model.json (the encoding) and applied again by predict.
+Without a policy a missing cell is an error naming its row and column, as before.
+
+``bounds`` declares a numeric column's public range [low, high] (what the column can hold, known
+without reading the data, like diffprivlib's ``bounds=``): dpgd and dpsgd then map it onto
+[-1, 1] without spending privacy, and a regression label's range sets the label's scale (the
+model is trained on the scaled label and its coefficients mapped back). Columns without declared
+bounds are scaled privately (``--scale-features``). A value outside its range is clipped to it.
+
+Everything declared here is public, recorded in model.json (the encoding, the scaling) and
+applied again by predict.
 """
 from __future__ import annotations
 
 import json
+import math
 
 # schema key -> beam_dp.train keyword
 KEYS = {
@@ -40,6 +50,7 @@ KEYS = {
     "ignore": "ignore_columns",
     "missing": "missing",
     "id_columns": "id_columns",
+    "bounds": "bounds",
 }
 LISTS = ("label_classes", "numeric", "categorical", "ignore", "id_columns")
 
@@ -80,10 +91,27 @@ def from_dict(raw, source: str = "schema") -> dict:
         elif key in ("label", "positive_class", "vocabulary"):
             if not isinstance(value, str):
                 raise SchemaError(f"{source}: '{key}' must be a string")
+        elif key == "bounds":
+            value = check_bounds(value, source)
         elif key in ("hash_buckets", "hash_seed"):
             if not isinstance(value, int) or isinstance(value, bool):
                 raise SchemaError(f"{source}: '{key}' must be a whole number")
         out[KEYS[key]] = value
+    return out
+
+
+def check_bounds(value, source: str = "bounds") -> dict:
+    """{column: [low, high]} with finite numbers, low < high (names keys, never values' data)."""
+    if not isinstance(value, dict):
+        raise SchemaError(f"{source}: 'bounds' must map columns to [low, high]")
+    out = {}
+    for column, pair in value.items():
+        ok = (isinstance(pair, (list, tuple)) and len(pair) == 2
+              and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in pair))
+        if not ok or not all(math.isfinite(v) for v in pair) or not pair[0] < pair[1]:
+            raise SchemaError(f"{source}: the bounds of '{column}' must be two finite numbers "
+                              "[low, high] with low < high")
+        out[str(column)] = (float(pair[0]), float(pair[1]))
     return out
 
 

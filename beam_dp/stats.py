@@ -214,6 +214,21 @@ class Columns:
 
 
 @dataclasses.dataclass(frozen=True)
+class Selected:
+    """Some feature columns, then the label if ``label`` (a regression label's range is chosen
+    with the columns'), (m, len(columns) + label)."""
+
+    columns: tuple
+    label: bool = False
+
+    def __call__(self, block, state) -> np.ndarray:
+        picked = block.features[:, list(self.columns)]
+        if self.label:
+            picked = np.column_stack([picked, np.asarray(block.labels, dtype=np.float64)])
+        return picked
+
+
+@dataclasses.dataclass(frozen=True)
 class Transformed:
     """The feature columns after a per-example transform (``beam_dp.features``), (m, d)."""
 

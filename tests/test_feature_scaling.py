@@ -86,7 +86,9 @@ def test_scaling_spends_its_share_in_the_ledger_and_predict_applies_it(tmp_path)
     assert 0.0 <= bounds["low"][0] < 500 and 1000 < bounds["high"][0] < 3000, bounds
     x = np.column_stack([test["balance"], test["income"]])
     low, high = np.asarray(bounds["low"]), np.asarray(bounds["high"])
-    scaled = (np.clip(x, low, high) - (low + high) / 2) / ((high - low) / 2)   # by hand
+    # by hand: the range onto [-1, 1], the tails kept up to 4 half-ranges out
+    assert recorded["reach"] == [4.0, 4.0]
+    scaled = np.clip((x - (low + high) / 2) / ((high - low) / 2), -4, 4)
     expected = scaled @ model.theta[0, :-1] + model.theta[0, -1]
     np.testing.assert_allclose(model.decision_function(x), expected, rtol=1e-12)
     reloaded = api.Model.load(_save(model, tmp_path))

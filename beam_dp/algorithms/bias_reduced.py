@@ -890,18 +890,7 @@ def train(options: BiasReducedOptions, problem: registry.Problem, aggregator, se
                        expected_batch_size=expected, details_name="algorithm_parameters")
 
 
-@dataclasses.dataclass(frozen=True)
-class _BiasReducedAlgorithm(registry.Algorithm):
-    """The registry entry; ``check_request`` refuses what is known before the input is opened."""
-
-    def check_request(self, loss, privacy: registry.Privacy, options) -> None:
-        if loss.name not in self.models:
-            raise ValueError(f"{self.name} does not fit --model {loss.name}; it supports: "
-                             f"{', '.join(self.models)}")
-        _check_privacy(privacy)
-
-
-BIAS_REDUCED_SGD = _BiasReducedAlgorithm(
+BIAS_REDUCED_SGD = registry.Algorithm(
     "bias-reduced-sgd", "sparse gradients (categorical columns) with a theory-grade bias bound: "
                         "randomly stopped SGD on the bias-reduced sparse mean estimator (paper "
                         "001, Algorithms 3-4); batches of very uneven sizes, a theory device",
@@ -909,4 +898,4 @@ BIAS_REDUCED_SGD = _BiasReducedAlgorithm(
     checkpoints=False,
     why_no_checkpoints="its whole run is planned and recorded in the ledger before the first "
                        "step, from one seed; a resume would need that plan and those batches kept",
-    sparse_input=True)
+    sparse_input=True, check_privacy=_check_privacy)

@@ -544,15 +544,7 @@ def train(options: ObjectivePerturbationOptions, problem: Problem, aggregator, s
                        details_name="algorithm_parameters", constraint=constraint.to_json())
 
 
-class _ObjectivePerturbationAlgorithm(Algorithm):
-    def check_request(self, loss, privacy: Privacy, options) -> None:
-        if loss.name not in self.models:
-            raise ValueError(f"{self.name} does not fit --model {loss.name}; it supports: "
-                             f"{', '.join(self.models)}")
-        check_privacy(privacy)
-
-
-OBJECTIVE_PERTURBATION = _ObjectivePerturbationAlgorithm(
+OBJECTIVE_PERTURBATION = Algorithm(
     "objective-perturbation", "a model that must lie in a known convex set (l1 ball for sparse "
                               "models, simplex, box, hull of given points): noise on the "
                               "objective, a certified solve, projection; its error grows with "
@@ -560,7 +552,7 @@ OBJECTIVE_PERTURBATION = _ObjectivePerturbationAlgorithm(
     MODELS, ObjectivePerturbationOptions, train, relation=accounting.REPLACE_ONE,
     checkpoints=False,
     why_no_checkpoints="its solver's iterates are not private, so they are never written; a run "
-                       "that stops is rerun from the start")
+                       "that stops is rerun from the start", check_privacy=check_privacy)
 
 
 # ------------------------------------------------------------------------------ a test design

@@ -499,19 +499,11 @@ def train(options: OutputPerturbationOptions, problem: Problem, aggregator, seed
                        constraint=None if constraint.kind == "none" else constraint.to_json())
 
 
-class _OutputPerturbationAlgorithm(Algorithm):
-    def check_request(self, loss, privacy: Privacy, options) -> None:
-        if loss.name not in self.models:
-            raise ValueError(f"{self.name} does not fit --model {loss.name}; it supports: "
-                             f"{', '.join(self.models)}")
-        check_privacy(privacy)
-
-
-OUTPUT_PERTURBATION = _OutputPerturbationAlgorithm(
+OUTPUT_PERTURBATION = Algorithm(
     "output-perturbation", "sparse rows (categorical columns, s nonzeros of d): a regularized "
                            "certified solve, Gaussian noise, an l_inf projection; the error grows "
                            "with sqrt(s) and ln d, not sqrt(d); replace-one (n public)",
     MODELS, OutputPerturbationOptions, train, relation=accounting.REPLACE_ONE,
     checkpoints=False, sparse_input=True,
     why_no_checkpoints="its solver's iterates are not private, so they are never written; a run "
-                       "that stops is rerun from the start")
+                       "that stops is rerun from the start", check_privacy=check_privacy)

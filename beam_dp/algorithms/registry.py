@@ -203,6 +203,9 @@ class Algorithm:
     no_intercept: bool = True     # can fit a model without an intercept
     secure_noise: bool = False    # every release: integer noise on exact sums (--noise secure)
     sparse_input: bool = False    # takes CSR blocks (categorical columns), never densifying them
+    # (privacy) -> None: refuses a privacy request the algorithm cannot serve (e.g. a mechanism
+    # proven only for float noise under replace-one), before any data is read; None: any.
+    check_privacy: Callable | None = None
 
     def check(self, problem: Problem) -> None:
         """Refuses a problem this algorithm cannot solve, with a message naming the choice."""
@@ -229,8 +232,13 @@ class Algorithm:
     def check_request(self, loss: GlmLoss, privacy: Privacy, options) -> None:
         """Refuses a request this algorithm cannot serve that is known before any data is read
         (called by ``beam_dp.train`` and the audit before the input is opened; ``check`` follows
-        once the problem is known). None here; an algorithm may override it (e.g. a mechanism
-        proven only for epsilon <= 1)."""
+        once the problem is known): a model it does not fit, and ``check_privacy``'s refusals.
+        An algorithm may override it (e.g. a mechanism proven only for epsilon <= 1)."""
+        if loss.name not in self.models:
+            raise ValueError(f"{self.name} does not fit --model {loss.name}; it supports: "
+                             f"{', '.join(self.models)}")
+        if self.check_privacy is not None:
+            self.check_privacy(privacy)
 
 
 def check_replace_one_float_request(name: str, privacy: Privacy, noise: str, proof: str) -> None:
