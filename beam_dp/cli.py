@@ -232,7 +232,7 @@ def _add_tune_parser(sub, argv):
             action.help = ("glob of held-out files the candidates are scored on (private data "
                            "too, inside epsilon); default: --holdout of the input")
     group = tune.add_argument_group("tuning")
-    group.add_argument("--algorithm", choices=tuple(tuning.TUNABLE), default="dpgd",
+    group.add_argument("--algorithm", choices=tuple(tuning.TUNABLE), default=next(iter(tuning.TUNABLE)),
                        help="the optimizer (tuning needs one whose cost is the same for every "
                             "setting)")
     group.add_argument("--grid", action="append", default=None, metavar="KEY=V1,V2,...",

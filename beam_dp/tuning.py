@@ -565,7 +565,7 @@ def _train_candidate(api, X, y, input, algorithm, model, delta, the_plan: Plan, 
     spent = _rdp(_candidate_ledger_event(candidate))
     planned = _rdp(events.GaussianDpEvent(the_plan.sigma_train))
     if not np.all(spent <= planned):
-        raise RuntimeError(f"a candidate ({setting}) released more than the tuning plan accounts "
+        raise ValueError(f"a candidate ({setting}) released more than the tuning plan accounts "
                            "for; this setting cannot be tuned")
     return candidate, steps
 

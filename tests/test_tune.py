@@ -238,3 +238,17 @@ def test_readme_example_runs():
     namespace = {"beam_dp": beam_dp, "X": X, "y": y}
     exec(compile(blocks[0], "README: tune", "exec"), namespace)
     assert namespace["model"].tuning["chosen"]["learning_rate"] in (0.1, 1.0)
+
+
+def test_a_candidate_that_releases_more_than_the_plan_stops_the_run(monkeypatch):
+    from beam_dp import api
+    original = api.train
+
+    def leaky(*args, **kwargs):   # 10% less noise than the plan gave the candidate
+        kwargs["noise_multiplier"] *= 0.9
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(api, "train", leaky)
+    X, y = _data(n=500)
+    with pytest.raises(ValueError, match="released more than the tuning plan"):
+        beam_dp.tune(X, y, epsilon=EPSILON, seed=0, grid={"steps": (5, 10)})
