@@ -252,3 +252,24 @@ def test_a_candidate_that_releases_more_than_the_plan_stops_the_run(monkeypatch)
     X, y = _data(n=500)
     with pytest.raises(ValueError, match="released more than the tuning plan"):
         beam_dp.tune(X, y, epsilon=EPSILON, seed=0, grid={"steps": (5, 10)})
+
+
+def test_estimator_tune_parameter(monkeypatch):
+    """DPLogisticRegression(tune=...): the same selection, its report inside epsilon; the
+    estimator contract holds (tune is a parameter, clone keeps it)."""
+    pytest.importorskip("sklearn")
+    from sklearn.base import clone
+    from beam_dp.estimators import DPLinearRegression, DPLogisticRegression
+    monkeypatch.setattr(tuning, "draw_candidates", lambda generator, mean, shape: 10)
+    X, y = _data(n=4000)
+    clf = DPLogisticRegression(epsilon=EPSILON, classes=[0, 1], random_state=0,
+                               algorithm_options={"steps": 20},
+                               tune={"grid": {"clip_norm": (1e-4, 1.0)}})
+    assert clone(clf).get_params()["tune"] == {"grid": {"clip_norm": (1e-4, 1.0)}}
+    clf.fit(X, y)
+    assert clf.tuning_["chosen"] == {"clip_norm": 1.0}
+    assert clf.privacy_report_["epsilon"] <= EPSILON
+    assert "RepeatAndSelectDpEvent" in _event_classes(clf.privacy_report_["dp_event"])
+    assert clf.score(X, y) > 0.7
+    with pytest.raises(ValueError, match="num_examples"):
+        DPLinearRegression(tune=True, num_examples=100).fit(X, y)
