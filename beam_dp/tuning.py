@@ -504,7 +504,9 @@ def tune(X=None, y=None, *, input=None, validation=None, algorithm: str = "dpgd"
         "algorithm": algorithm,
         "grid": {k: list(v) for k, v in grid.items()},
         "chosen": setting,
-        "chosen_noisy_score": noisy,
+        # Sum + noise over a noisy count: both noisy, so the ratio may leave [0, 1] on a small
+        # held-out part; clamped for the reader (post-processing; the selection used the ratio).
+        "chosen_noisy_score": min(max(noisy, 0.0), 1.0),
         "score": {"kind": score, "bound": bound,
                   "rows": "validation files" if validation is not None else
                           f"held out from the input by a keyed hash of row position "
@@ -528,7 +530,8 @@ def tune(X=None, y=None, *, input=None, validation=None, algorithm: str = "dpgd"
                          "tuning": tuning})
     chosen_model.privacy_report = privacy
     chosen_model.tuning = tuning
-    say(f"chose {setting}: noisy score {noisy:.4g}; epsilon {privacy['epsilon']:.4g}")
+    say(f"chose {setting}: noisy score {tuning['chosen_noisy_score']:.4g}; epsilon "
+        f"{privacy['epsilon']:.4g}")
     return chosen_model
 
 

@@ -63,6 +63,7 @@ def test_tuned_model_reports_the_selection_inside_epsilon():
     assert accounting.epsilon_of(event, DELTA, "rdp") == pytest.approx(report["epsilon"])
     assert model.tuning["chosen"] in [{"clip_norm": c, "steps": s} for c in (0.5, 1.0)
                                       for s in (10, 20)]
+    assert 0.0 <= model.tuning["chosen_noisy_score"] <= 1.0
     assert "realized" in model.tuning["number_of_candidates"]
     assert not isinstance(model.tuning["number_of_candidates"]["realized"], (int, float))
 
