@@ -52,6 +52,7 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
           label_classes: Sequence[str] | None = None, positive_class: str | None = None,
           missing: dict | None = None, ignore_columns: Sequence[str] | None = None,
           schema: "str | dict | None" = None, bounds: dict | None = None,
+          _instrument: Callable | None = None,
           **options) -> "Model":
     """Trains a differentially private GLM; see the module docstring.
 
@@ -81,6 +82,9 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
     "indicator", "indicator:V" or "drop"; the label column only "drop"), ``ignore_columns``
     (left out of the default features), ``bounds`` (column -> (low, high): public ranges; dpgd
     and dpsgd scale those columns, and a regression label, without spending privacy).
+
+    ``_instrument(problem, aggregator) -> (problem, aggregator)``: internal (``beam_dp.tune``
+    keeps a candidate's training rows and gives it the released size).
     """
     if mechanisms.NOISE_SCALE_FOR_TESTS != 1.0:   # the audit's broken build must not train models
         raise RuntimeError("this process has mechanisms.NOISE_SCALE_FOR_TESTS set (a test-only "
@@ -108,7 +112,8 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
                pipeline_args=pipeline_args, batch_rows=batch_rows, seed=seed,
                steps_per_job=steps_per_job, checkpoint_dir=checkpoint_dir, progress=progress,
                warm_start=warm_start, max_jobs=max_jobs, budget_gate=budget_gate, options=options,
-               bounds=bounds, categorical=dict(categorical_columns=categorical_columns, hash_buckets=hash_buckets,
+               bounds=bounds, instrument=_instrument,
+               categorical=dict(categorical_columns=categorical_columns, hash_buckets=hash_buckets,
                                 hash_seed=hash_seed, vocabulary=vocabulary,
                                 label_classes=label_classes, positive_class=positive_class,
                                 missing=missing, ignore_columns=ignore_columns))

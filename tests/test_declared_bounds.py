@@ -171,3 +171,17 @@ def test_boston_with_declared_bounds_beats_the_constant_predictor(tmp_path):
     rmse = np.sqrt(np.mean((predicted - truth) ** 2))
     constant = np.sqrt(np.mean((truth - train["medv"].mean()) ** 2))
     assert rmse < constant, (rmse, constant)
+
+
+def test_tune_scales_like_train_and_predicts_in_the_label_units(tmp_path):
+    """beam-dp tune's candidates take the declared bounds (and any ranges released once for all
+    of them) through train's own scaling, so the chosen model maps its label back."""
+    path, x, y = _table(tmp_path, n=6000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = beam_dp.tune(input=path, label_column="y", model="linear", epsilon=2.0, seed=3,
+                             bounds=BOUNDS, score_bound_=2000.0, mean_candidates=3)
+    assert model.artifact["feature_transform"] == {
+        "scale_columns": {"low": [0.0, 0.0], "high": [50_000.0, 1.0]}}
+    assert model.privacy_report["epsilon"] <= 2.0 + 1e-9
+    assert np.sqrt(np.mean((model.decision_function(x) - y) ** 2)) < 0.5 * np.std(y)

@@ -805,6 +805,20 @@ SCALE_GRID_BOUND, SCALE_GRID_SIZE = 1e9, 601   # +-[1e-3, 1e9], 10% steps, and 0
 _SCALE_STREAM = 12
 
 
+def released_bounds(declared: dict | None, pre: dict) -> dict:
+    """The declared bounds (``problem.source["bounds"]``) with the ranges ``_column_scaling``'s
+    preprocessing released (``pre``), in the declared form: public from then on."""
+    declared = declared or {"columns": [], "label": None}
+    out = {"columns": [list(c) for c in declared["columns"]], "label": declared["label"]}
+    released = pre.get("column_bounds")
+    if released:
+        out["columns"] += [[j, lo, hi, PRIVATE_RANGE_REACH] for j, lo, hi in
+                           zip(released["columns"], released["low"], released["high"])]
+        out["columns"].sort(key=lambda c: c[0])
+        out["label"] = released.get("label", out["label"])
+    return out
+
+
 def _column_scaling(options, problem: Problem, aggregator, seed: int, ledger):
     """Each column mapped onto [-1, 1] (``features.ScaleColumns``): on its declared public range
     (the schema's ``bounds``; a missing-value indicator is [0, 1] by construction), else, with
@@ -831,7 +845,9 @@ def _column_scaling(options, problem: Problem, aggregator, seed: int, ledger):
                              "same features: choose one")
         return None, None   # auto/none: features as given (the feature norm maps them)
     d = problem.dim
-    fixed = {int(i): (lo, hi) for i, lo, hi in declared["columns"]}
+    # [index, low, high] (declared), or [index, low, high, reach] (ranges released earlier, e.g.
+    # once for all of beam-dp tune's candidates)
+    fixed = {int(c[0]): (c[1], c[2], c[3] if len(c) > 3 else 1.0) for c in declared["columns"]}
     label_scaled = problem.loss.name == "linear"
     private_columns = tuple(j for j in range(d) if j not in fixed) if choice != "none" else ()
     private_label = label_scaled and declared["label"] is None and choice != "none"
@@ -884,8 +900,8 @@ def _column_scaling(options, problem: Problem, aggregator, seed: int, ledger):
 
     def make_transform(pre: dict):
         low, high, reach = np.full(d, np.nan), np.full(d, np.nan), np.ones(d)
-        for j, (lo, hi) in fixed.items():
-            low[j], high[j] = lo, hi
+        for j, (lo, hi, r) in fixed.items():
+            low[j], high[j], reach[j] = lo, hi, r
         label = declared["label"]
         released_bounds = pre.get("column_bounds")
         if released_bounds:

@@ -1,0 +1,595 @@
+"""Private hyperparameter selection: ``beam-dp tune`` and ``beam_dp.tune(...)``.
+
+Papernot & Steinke (ICLR 2022, "Hyperparameter tuning with Renyi differential privacy"): run a
+*random* number K of candidates, each a setting drawn uniformly from a small public grid,
+trained and then scored on private held-out rows with Gaussian noise, and release only the best
+candidate's output (its model, its setting and its noisy score). K follows a truncated negative
+binomial law of mean ``mean_candidates`` and shape ``shape`` (0: logarithmic, 1: geometric),
+dp_accounting's ``RepeatAndSelectDpEvent(candidate, mean, shape)``, which only its RDP
+accountant handles: the whole run is accounted by RDP.
+
+One candidate's releases:
+
+* training (dpgd only): T full-batch Gaussian steps with multiplier sigma_train * sqrt(T) compose
+  to one Gaussian mechanism of multiplier sigma_train (``accounting.self_composed``) whatever T
+  the setting asks for, so every setting of the grid has the same privacy cost and one event
+  stands for all of them (the theorem needs one RDP curve for every run);
+* its score: the sum over the held-out rows of a per-row score in [0, 1] (1 - clipped loss /
+  bound, or accuracy) plus Gaussian noise of std sigma_score: a Gaussian mechanism of
+  sensitivity 1 under add/remove.
+
+A candidate's event is ComposedDpEvent([Gaussian(sigma_train), Gaussian(sigma_score)]), i.e.
+one Gaussian with 1 / sigma^2 = 1 / sigma_train^2 + 1 / sigma_score^2; ``score_share`` of that
+1 / sigma^2 goes to the score. (A held-out row is never in training and vice versa, so parallel
+composition would allow less; composing both is the safe side and also covers ``--validation``
+files, which are private rows too.) Before the candidates, the sizes of the training part and of
+the held-out part are released once with Laplace noise (one mechanism: a row is in one part
+only, so the pair of counts has sensitivity 1 under add/remove); they set dpgd's normalizer and
+the scores' denominator, both post-processing. The run's event:
+
+    ComposedDpEvent([Laplace(1 / count_epsilon), RepeatAndSelect(candidate, mean, shape)])
+
+With ``scale_features`` "private" or "auto" (dpgd's private column scaling), the columns'
+quantiles are released once, before the candidates, from the training rows (pure epsilon
+``scale_epsilon``, default a tenth of epsilon, composed outside the selection like the counts),
+and every candidate trains on the same scaled columns: the map is recorded in the chosen
+model.json as ``beam-dp train`` records it.
+
+sigma is calibrated (dp_accounting's RDP accountant) so that this event meets the requested
+(epsilon, delta); the ledger's epsilon of it is the reported one.
+
+What is released, and what is not: the chosen model, its setting and its noisy score. Not K,
+not the other candidates' scores or settings, not how many candidates ran: the theorem's bound
+is for the best run alone, with K secret (knowing K = k turns it into the best of k runs, whose
+cost can approach k-fold composition). So nothing is printed per candidate, and the run's
+duration, which grows with K, is a side channel for whoever watches the job (as in any
+implementation of the method).
+
+The held-out rows: a keyed hash of each row's position (file, row) puts it in the held-out part
+with probability ``holdout``; the key comes from the run's seed. It is data-independent, so
+which rows are held out says nothing about their values. With ``validation`` files, those are
+the held-out rows and all input rows train.
+
+Neighbouring relation: add/remove one row of the training input (or of the validation files).
+Randomness: every draw (K, the settings, the split's key, the counts' and scores' noise, each
+candidate's training seed) derives from one root seed: ``seed``, or 128 bits of the OS's secure
+randomness. Runs in-process (``runner="local"``): tuning trains K models over the same rows.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import warnings
+from typing import Callable, Sequence
+
+import numpy as np
+from dp_accounting import dp_event as events
+from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
+
+from beam_dp import accounting, data, losses, mechanisms, report
+from beam_dp.algorithms import registry
+
+# Stream ids under the root seed (``mechanisms.secure_generator``): "tune" and a sub-stream.
+_STREAM = 0x74756E65
+_K, _SETTINGS, _SPLIT, _COUNT, _SCORE, _TRAIN, _SCALE = range(7)
+
+# The algorithms tuning supports, and for each the options a grid may vary: those that change
+# neither the privacy cost nor the releases (the candidate's ledger is checked anyway).
+TUNABLE = {"dpgd": ("clip_norm", "learning_rate", "steps", "max_steps", "feature_norm",
+                    "average_iterates")}
+# The default grid per algorithm: dpgd's default clip norm and learning rate (1, 1) with a
+# factor ~3 either way in the clip norm and two decades below in the step size (features on a
+# large scale, as raw tables have, need a small one: on MASS Boston unscaled, RMSE 74 at
+# learning rate 1 and 8.0 at 0.01), 3 x 3 = 9 settings, dpgd's default steps.
+DEFAULT_GRIDS = {"dpgd": {"clip_norm": (0.3, 1.0, 3.0), "learning_rate": (0.01, 0.1, 1.0)}}
+MAX_SETTINGS = 10_000
+# Geometric K of mean 10: each candidate's noise is 2.1x one training run's at the same
+# (epsilon, delta) (sigma 9.0 against 4.3 at (1, 1e-5)); mean 3 would cost 1.7x but leave one
+# candidate alone a third of the time (P[K = 1] = 1 / mean for the geometric law), a random
+# setting then released; mean 10: P[K = 1] = 0.1 (``plan`` and ``candidates_law``).
+DEFAULT_MEAN_CANDIDATES = 10.0
+DEFAULT_SHAPE = 1.0
+DEFAULT_HOLDOUT = 0.2
+DEFAULT_SCORE_SHARE = 0.1      # of the candidate's 1 / sigma^2
+DEFAULT_COUNT_SHARE = 0.01     # of epsilon, as train's private count
+CLASSIFIER_SCORE_BOUND = 2.0   # log loss / hinge loss clipped here (ln 2 = the zero model's)
+SCORES = ("loss", "accuracy")
+
+
+# --------------------------------------------------------------------------------- the grid
+
+def parse_grid(items: Sequence[str] | None) -> dict:
+    """``["clip_norm=0.1,1", "steps=30,100"]`` (CLI spelling with dashes too) -> {name: values}.
+    Values are numbers, or true/false; checked by ``check_grid``."""
+    grid: dict = {}
+    for item in items or ():
+        key, sep, text = str(item).partition("=")
+        key = key.strip().lstrip("-").replace("-", "_")
+        if not sep or not key or not text.strip():
+            raise ValueError(f"--grid takes KEY=V1,V2,..., got {item!r}")
+        if key in grid:
+            raise ValueError(f"--grid names {key} twice")
+        grid[key] = tuple(_value(v.strip(), key) for v in text.split(","))
+    return grid
+
+
+def _value(text: str, key: str):
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    try:
+        number = float(text)
+    except ValueError:
+        raise ValueError(f"--grid {key}: values must be numbers or true/false") from None
+    return int(number) if number.is_integer() and "." not in text and "e" not in text.lower() \
+        else number
+
+
+def check_grid(grid: dict, algorithm: str, options: dict) -> list[dict]:
+    """Every setting of ``grid`` (a product over its keys, in a fixed order) merged over the fixed
+    ``options``; refuses an algorithm without tuning, an unknown or budget-spending key, an empty
+    or repeated value list, a value the option refuses, and a grid of more than MAX_SETTINGS."""
+    if algorithm not in TUNABLE:
+        raise ValueError(f"tuning supports --algorithm {', '.join(TUNABLE)} (each candidate must "
+                         f"cost the same privacy whatever its setting); got {algorithm}")
+    chosen = registry.get(algorithm)
+    if not grid:
+        raise ValueError("the grid is empty: give --grid KEY=V1,V2,... (or none for the default)")
+    settings = [{}]
+    for key, values in grid.items():
+        if key not in TUNABLE[algorithm]:
+            raise ValueError(f"--grid {key}: not a tunable option of {algorithm}; tunable: "
+                             f"{', '.join(TUNABLE[algorithm])}")
+        if key in options and options[key] is not None:
+            raise ValueError(f"{key} is both fixed and in the grid")
+        values = tuple(values) if isinstance(values, (list, tuple)) else (values,)
+        if not values:
+            raise ValueError(f"--grid {key}: no values")
+        if len(set(values)) != len(values):
+            raise ValueError(f"--grid {key}: a value is repeated")
+        for v in values:
+            registry.make_options(chosen.options, {**options, key: v})   # the option's own check
+        settings = [{**s, key: v} for s in settings for v in values]
+        if len(settings) > MAX_SETTINGS:
+            raise ValueError(f"the grid has more than {MAX_SETTINGS} settings")
+    return settings
+
+
+# ------------------------------------------------------------------- the number of candidates
+
+def _gamma(mean: float, shape: float) -> float:
+    """The truncated negative binomial's gamma for ``mean`` and ``shape``: dp_accounting's own
+    (conservative) inversion, so that the law drawn from is the one accounted."""
+    return rdp_lib._gamma_truncated_negative_binomial(shape, mean)
+
+
+def check_repetitions(mean: float, shape: float) -> None:
+    if not (math.isfinite(mean) and mean >= 1):
+        raise ValueError("the mean number of candidates must be a number, at least 1")
+    if not (math.isfinite(shape) and shape >= 0):
+        raise ValueError("the shape of the number of candidates must be a finite number >= 0 "
+                         "(0 logarithmic, 1 geometric; the Poisson law is not supported)")
+
+
+def draw_candidates(generator: np.random.Generator, mean: float, shape: float) -> int:
+    """K >= 1 from the truncated negative binomial law dp_accounting accounts for
+    ``RepeatAndSelectDpEvent(event, mean, shape)`` (Papernot & Steinke, Def. 1):
+    P[K = k] proportional to binom(k + shape - 1, k) (1 - gamma)^k for k >= 1; shape 0 is the
+    logarithmic law P[K = k] proportional to (1 - gamma)^k / k. Mean 1 is K = 1."""
+    check_repetitions(mean, shape)
+    if mean == 1:
+        return 1
+    gamma = _gamma(mean, shape)
+    if shape == 0:
+        return int(generator.logseries(1.0 - gamma))
+    while True:   # the negative binomial given K >= 1: P[K = 0] = gamma^shape < 1
+        k = int(generator.negative_binomial(shape, gamma))
+        if k >= 1:
+            return k
+
+
+def candidates_law(mean: float, shape: float, upto: int) -> np.ndarray:
+    """P[K = k] for k = 1..upto (the tests' reference)."""
+    if mean == 1:
+        return np.eye(1, upto)[0]
+    gamma = _gamma(mean, shape)
+    k = np.arange(1, upto + 1)
+    from scipy.special import gammaln
+    if shape == 0:
+        log_p = k * math.log1p(-gamma) - np.log(k)
+        return np.exp(log_p) / -math.log(gamma)
+    log_p = (gammaln(k + shape) - gammaln(shape) - gammaln(k + 1) + shape * math.log(gamma)
+             + k * math.log1p(-gamma))
+    return np.exp(log_p) / (1.0 - gamma ** shape)
+
+
+# ------------------------------------------------------------------------------ the budget plan
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The public noise plan of a tuning run."""
+
+    sigma_train: float        # one candidate's training: Gaussian multiplier (T steps composed)
+    sigma_score: float        # its score's Gaussian std (sensitivity 1)
+    count_epsilon: float      # the pair of counts' Laplace budget
+    mean: float
+    shape: float
+    scale_epsilon: float = 0.0   # the columns' quantiles, released once (0: no scaling)
+
+    def candidate_event(self) -> events.DpEvent:
+        return events.ComposedDpEvent([events.GaussianDpEvent(self.sigma_train),
+                                       events.GaussianDpEvent(self.sigma_score)])
+
+    def selection_event(self) -> events.DpEvent:
+        return events.RepeatAndSelectDpEvent(self.candidate_event(), self.mean, self.shape)
+
+    def count_event(self) -> events.DpEvent:
+        return accounting.laplace_count_event(self.count_epsilon)
+
+    def event(self) -> events.DpEvent:
+        """The run's event, as planned: the quantiles' exponential mechanisms are bounded by one
+        pure-DP event of their total epsilon (in RDP, sum_j min(e_j, a e_j^2 / 2) is at most
+        min(sum e_j, a (sum e_j)^2 / 2))."""
+        first = [self.count_event()]
+        if self.scale_epsilon:
+            first.append(accounting.PureDpEvent(self.scale_epsilon))
+        return events.ComposedDpEvent(first + [self.selection_event()])
+
+
+def plan(epsilon: float, delta: float, mean: float = DEFAULT_MEAN_CANDIDATES,
+         shape: float = DEFAULT_SHAPE, score_share: float = DEFAULT_SCORE_SHARE,
+         count_epsilon: float | None = None, scale_epsilon: float = 0.0) -> Plan:
+    """The smallest candidate noise (within accounting.CALIBRATION_TOLERANCE) whose whole run
+    (``Plan.event``) meets (epsilon, delta) by dp_accounting's RDP accountant."""
+    check_repetitions(mean, shape)
+    if not (epsilon > 0 and math.isfinite(epsilon)):
+        raise ValueError("epsilon must be a positive number")
+    if not 0 < delta < 1:
+        raise ValueError("delta must be in (0, 1)")
+    if not 0 < score_share < 1:
+        raise ValueError("the score's share must be in (0, 1)")
+    count_epsilon = DEFAULT_COUNT_SHARE * epsilon if count_epsilon is None else count_epsilon
+    if not (0 < count_epsilon < epsilon):
+        raise ValueError("count_epsilon is a share of epsilon: it must be positive and smaller")
+    if not (0 <= scale_epsilon and count_epsilon + scale_epsilon < epsilon):
+        raise ValueError("scale_epsilon is a share of epsilon: with the count's it must be smaller")
+
+    def make(sigma: float) -> Plan:
+        return Plan(sigma / math.sqrt(1.0 - score_share), sigma / math.sqrt(score_share),
+                    count_epsilon, float(mean), float(shape), float(scale_epsilon))
+
+    sigma = accounting.calibrate_noise_multiplier(lambda s: make(s).event(), epsilon, delta,
+                                                  accountant="rdp", guess=3.0 * math.sqrt(mean))
+    return make(sigma)
+
+
+# ------------------------------------------------------------------------------ the split
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer on uint64 (wrapping arithmetic): a fast, well-mixed keyed hash."""
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def holdout_mask(block: data.Block, key: int, fraction: float) -> np.ndarray:
+    """Which rows of ``block`` are held out: a keyed hash of (source, row position) below
+    ``fraction``. Data-independent; the same rows on every read of the same files."""
+    source = int.from_bytes(hashlib.blake2b(str(block.source).encode(), digest_size=8,
+                                            key=key.to_bytes(16, "little")).digest(), "little")
+    rows = np.arange(block.row_start, block.row_start + len(block), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        h = _splitmix64(_splitmix64(rows ^ np.uint64(source)))
+    return (h >> np.uint64(11)).astype(np.float64) / 2.0 ** 53 < fraction
+
+
+def _take(block: data.Block, rows: np.ndarray) -> data.Block:
+    return dataclasses.replace(block, features=block.features[rows], labels=block.labels[rows],
+                               sq_norms=block.sq_norms[rows],
+                               dropped=None if block.dropped is None else block.dropped[rows])
+
+
+def split_blocks(blocks, key: int, fraction: float) -> tuple[list, list]:
+    """(training blocks, held-out blocks)."""
+    train, held = [], []
+    for b in blocks:
+        mask = holdout_mask(b, key, fraction)
+        if (~mask).any():
+            train.append(_take(b, np.flatnonzero(~mask)))
+        if mask.any():
+            held.append(_take(b, np.flatnonzero(mask)))
+    return train, held
+
+
+# ------------------------------------------------------------------------------ the score
+
+def row_scores(loss: losses.GlmLoss, s: np.ndarray, labels: np.ndarray, kind: str,
+               bound: float | None) -> np.ndarray:
+    """Per-row scores in [0, 1] (higher is better) of scores ``s`` (m, k) against encoded
+    labels: ``accuracy`` (classifiers), or ``loss``: 1 - min(loss, bound) / bound for
+    classifiers, 1 - min(|residual|, bound) / bound for regression (bound in label units)."""
+    if kind == "accuracy":
+        truth = (labels > 0).astype(np.int64) if loss.name in ("logistic", "hinge") else labels
+        return (loss.predict(s) == truth).astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        value = (np.abs(s[:, 0] - labels) if not loss.is_classifier else loss.value(s, labels))
+    value = np.where(np.isnan(value), np.inf, value)
+    return 1.0 - np.minimum(value, bound) / bound
+
+
+def score_bound(loss: losses.GlmLoss, kind: str, bound: float | None) -> float | None:
+    if kind not in SCORES:
+        raise ValueError(f"the score must be one of {', '.join(SCORES)}")
+    if kind == "accuracy":
+        if not loss.is_classifier:
+            raise ValueError("--score accuracy is for classifiers; a regression uses --score loss "
+                             "with --score-bound")
+        return None
+    if bound is None:
+        if not loss.is_classifier:
+            raise ValueError("a regression's score needs --score-bound: the absolute error (in "
+                             "label units, public) at which a held-out row scores 0")
+        return CLASSIFIER_SCORE_BOUND
+    if not (bound > 0 and math.isfinite(bound)):
+        raise ValueError("--score-bound must be a positive number")
+    return float(bound)
+
+
+# ------------------------------------------------------------------------------ the driver
+
+@dataclasses.dataclass
+class _Data:
+    """Filled by the first candidate's read of the input (``_Splitter``)."""
+
+    held: list | None = None
+    train_size: float | None = None    # noisy, released
+    held_size: float | None = None
+    bounds: dict | None = None         # the declared and released ranges (None: none)
+    scaling: dict | None = None        # its release, for the report
+
+
+class _Splitter:
+    """The hook ``api.train`` calls with each candidate's problem and aggregator: keeps the
+    training rows only, and gives the run its released size as a public n."""
+
+    def __init__(self, key, fraction, validation_blocks, plan_, seed, ledger, state: _Data,
+                 scale_features: str = "none"):
+        self.key, self.fraction, self.validation = key, fraction, validation_blocks
+        self.plan, self.seed, self.ledger, self.state = plan_, seed, ledger, state
+        self.scale_features = scale_features
+
+    def __call__(self, problem, aggregator):
+        from beam_dp.local import LocalAggregator
+        blocks = list(aggregator.blocks)
+        if self.validation is None:
+            train, held = split_blocks(blocks, self.key, self.fraction)
+        else:
+            train, held = blocks, None
+        if not train:
+            raise data.DataError("tuning: no rows left to train on")
+        if self.state.train_size is None:
+            held = held if held is not None else self.validation(problem)
+            self._release_sizes(sum(len(b) for b in train), sum(len(b) for b in held))
+            self.state.held = held
+            if self.scale_features != "none":
+                self._release_scaling(problem, train)
+        n = max(1, int(round(self.state.train_size)))
+        privacy = dataclasses.replace(problem.privacy, num_examples=n)
+        if self.state.bounds is not None:
+            # The released ranges join the declared ones: each candidate scales its columns (and
+            # a regression's label, mapping its coefficients back) as train does, at no cost.
+            problem = dataclasses.replace(problem, source={**problem.source,
+                                                           "bounds": self.state.bounds})
+        return dataclasses.replace(problem, privacy=privacy), LocalAggregator(train)
+
+    def _release_scaling(self, problem, train) -> None:
+        """dpgd's private column scaling (``noisy_gd._column_scaling``), once, on the training
+        rows, recorded in the tuning's ledger."""
+        from beam_dp.algorithms import noisy_gd
+        from beam_dp.local import LocalAggregator
+        options = noisy_gd.DpgdOptions(scale_features=self.scale_features,
+                                       scale_epsilon=self.plan.scale_epsilon)
+        preprocess, make_transform = noisy_gd._column_scaling(
+            options, problem, LocalAggregator(train),
+            mechanisms.stream_key(self.seed, _STREAM, _SCALE) % (1 << 128), self.ledger)
+        if preprocess is None:   # nothing to scale (categorical columns, a feature norm)
+            return
+        self.state.scaling = preprocess(max(1, int(round(self.state.train_size))))
+        self.state.bounds = noisy_gd.released_bounds(problem.source.get("bounds"),
+                                                     self.state.scaling)
+
+    def _release_sizes(self, train_rows: int, held_rows: int) -> None:
+        scale = 1.0 / self.plan.count_epsilon
+        self.ledger.record("laplace_counts_of_training_and_held_out_rows", self.plan.count_event(),
+                           laplace_scale=scale)
+        generator = mechanisms.secure_generator(self.seed, _STREAM, _COUNT)
+        floor = math.log(20.0) * scale   # the count's 95% error bound, as train's normalizer floor
+        self.state.train_size = max(train_rows + mechanisms.laplace_noise(generator, scale), floor, 1.0)
+        self.state.held_size = max(held_rows + mechanisms.laplace_noise(generator, scale), floor, 1.0)
+
+
+def _rdp(event: events.DpEvent) -> np.ndarray:
+    acc = rdp_lib.RdpAccountant()
+    acc.compose(event)
+    return acc._rdp
+
+
+def tune(X=None, y=None, *, input=None, validation=None, algorithm: str = "dpgd",
+         model: str = "logistic", epsilon: float, delta: float = 1e-5,
+         grid: dict | Sequence[str] | None = None, mean_candidates: float = DEFAULT_MEAN_CANDIDATES,
+         shape: float = DEFAULT_SHAPE, holdout: float = DEFAULT_HOLDOUT,
+         score: str = "loss", score_bound_: float | None = None,
+         score_share: float = DEFAULT_SCORE_SHARE, count_epsilon: float | None = None,
+         seed: int | None = None, noise: str | None = None,
+         progress: Callable[[str], None] | None = None, **fixed):
+    """Private selection of one setting of ``grid`` (see the module docstring); returns the
+    chosen ``api.Model`` whose ``privacy_report`` accounts for the whole tuning (RDP) and whose
+    ``tuning`` holds the grid, the chosen setting and its noisy score. ``X, y`` or ``input``
+    (files, read in-process) as ``beam_dp.train`` takes them; ``validation``: files of held-out
+    rows (private too) instead of a ``holdout`` share of the input. ``grid``: {option: values}
+    or ["option=v1,v2", ...]; None: ``DEFAULT_GRIDS[algorithm]``. ``score_bound_`` (the CLI's
+    --score-bound): see ``row_scores``. ``fixed``: ``beam_dp.train``'s other keywords and the
+    algorithm's fixed options. ``progress(message)``: run-level messages only (nothing per
+    candidate: K is secret)."""
+    from beam_dp import api
+
+    for name in ("noise_multiplier", "accountant", "num_examples", "runner", "checkpoint_dir",
+                 "warm_start", "max_jobs", "budget_gate", "steps_per_job", "pipeline_args"):
+        if fixed.get(name) is not None:
+            raise ValueError(f"tuning sets {name} itself (it trains in-process, with the noise "
+                             "its plan calibrates)")
+    if noise not in (None, "float"):
+        raise ValueError("tuning uses float noise: secure noise's sampler slack is an (epsilon, "
+                         "delta) term that the RDP analysis of random stopping does not cover")
+    if not 0 < holdout < 1:
+        raise ValueError("holdout must be a share in (0, 1)")
+    if validation is not None and X is not None:
+        raise ValueError("validation files go with input files; for arrays hold rows out with "
+                         "holdout")
+    grid = parse_grid(grid) if grid is None or not isinstance(grid, dict) else dict(grid)
+    grid = grid or {k: tuple(v) for k, v in DEFAULT_GRIDS.get(algorithm, {}).items()}
+    scale_features = fixed.pop("scale_features", None) or "auto"   # as train's default
+    scale_epsilon = fixed.pop("scale_epsilon", None)
+    if scale_features not in ("none", "private", "auto"):
+        raise ValueError("scale_features must be none, private or auto")
+    if scale_features == "auto" and (fixed.get("feature_norm") is not None
+                                     or "feature_norm" in (grid or {})):
+        scale_features = "none"   # as train's auto: a feature norm maps the features instead
+    if scale_features != "none" and scale_epsilon is None:
+        scale_epsilon = 0.1 * epsilon   # as train's default
+    if fixed.get("feature_norm") is not None and scale_features != "none":
+        raise ValueError("--scale-features and --feature-norm are two maps of the same features: "
+                         "choose one")
+    chosen = registry.get(algorithm)
+    algo_names = {f.name for f in dataclasses.fields(chosen.options)}
+    options = {k: v for k, v in fixed.items() if k in algo_names}
+    settings = check_grid(grid, algorithm, options)
+    loss = losses.make_loss(model, fixed.get("num_classes"), fixed.get("huber_delta", 1.0))
+    bound = score_bound(loss, score, score_bound_)
+    if scale_features != "none" and "feature_norm" in grid:
+        raise ValueError("--grid feature_norm and --scale-features: choose one")
+    the_plan = plan(epsilon, delta, mean_candidates, shape, score_share, count_epsilon,
+                    scale_epsilon or 0.0)
+    root = seed if seed is not None else mechanisms.secure_seed()
+    ledger = accounting.Ledger("rdp", chosen.relation)
+    split_key = mechanisms.stream_key(root, _STREAM, _SPLIT) % (1 << 128)
+    state = _Data()
+    validation_reader = None
+    if validation is not None:
+        files = sorted({f for p in ([validation] if isinstance(validation, str) else validation)
+                        for f in data.list_files(p)})
+        if not files:
+            raise data.DataError("no validation files given")
+        validation_reader = _validation_reader(files, fixed.get("batch_rows", data.DEFAULT_BATCH_ROWS))
+    splitter = _Splitter(split_key, holdout, None, the_plan, root, ledger, state, scale_features)
+    splitter.validation = validation_reader
+    say = progress or (lambda message: None)
+    k = draw_candidates(mechanisms.secure_generator(root, _STREAM, _K), mean_candidates, shape)
+    picker = mechanisms.secure_generator(root, _STREAM, _SETTINGS)
+    say(f"tuning {algorithm} over {len(settings)} settings (mean candidates "
+        f"{mean_candidates:g}, shape {shape:g})")
+    best = None
+    for i in range(k):
+        setting = settings[int(picker.integers(len(settings)))]
+        candidate, steps = _train_candidate(api, X, y, input, algorithm, model, delta, the_plan, setting,
+                                     options, fixed, splitter, mechanisms.stream_key(
+                                         root, _STREAM, _TRAIN, i) % (1 << 128))
+        noisy = _noisy_score(candidate, state, loss, score, bound, the_plan,
+                             mechanisms.secure_generator(root, _STREAM, _SCORE, i))
+        if best is None or noisy > best[0]:
+            best = (noisy, setting, candidate, steps)
+    # The releases: the counts (recorded by the splitter) and the selection.
+    ledger.record("repeat_and_select_best_candidate", the_plan.selection_event(),
+                  mean_candidates=the_plan.mean, shape=the_plan.shape,
+                  training_noise_multiplier=the_plan.sigma_train,
+                  score_noise_std=the_plan.sigma_score)
+    noisy, setting, chosen_model, steps = best
+    tuning = {
+        "method": "random stopping, Papernot & Steinke 2022 (dp_accounting "
+                  "RepeatAndSelectDpEvent, RDP accountant)",
+        "algorithm": algorithm,
+        "grid": {k: list(v) for k, v in grid.items()},
+        "chosen": setting,
+        # Sum + noise over a noisy count: both noisy, so the ratio may leave [0, 1] on a small
+        # held-out part; clamped for the reader (post-processing; the selection used the ratio).
+        "chosen_noisy_score": min(max(noisy, 0.0), 1.0),
+        "score": {"kind": score, "bound": bound,
+                  "rows": "validation files" if validation is not None else
+                          f"held out from the input by a keyed hash of row position "
+                          f"(share {holdout:g})",
+                  "noisy_held_out_size": state.held_size},
+        "number_of_candidates": {"law": "truncated negative binomial", "mean": the_plan.mean,
+                                 "shape": the_plan.shape,
+                                 "realized": "not released (the guarantee needs it secret)"},
+        "not_released": "the other candidates, their scores and their number",
+    }
+    privacy = report.release_report(
+        ledger, delta, seed is not None, requested_epsilon=epsilon, algorithm=algorithm,
+        noise_multiplier=the_plan.sigma_train * math.sqrt(steps), steps=steps,
+        clip_norm=setting.get("clip_norm", options.get("clip_norm")),
+        dataset_size={"kind": "laplace_count", "value": int(round(state.train_size)),
+                      "laplace_scale": 1.0 / the_plan.count_epsilon},
+        preprocessing={"scale_features": scale_features, **(state.scaling or {})},
+        hyperparameters={"status": "privately tuned (beam-dp tune): the selection is inside "
+                                   "epsilon", "values": {**options, **setting,
+                                                                "scale_features": scale_features},
+                         "tuning": tuning})
+    chosen_model.privacy_report = privacy
+    chosen_model.tuning = tuning
+    say(f"chose {setting}: noisy score {tuning['chosen_noisy_score']:.4g}; epsilon "
+        f"{privacy['epsilon']:.4g}")
+    return chosen_model
+
+
+def _validation_reader(files, batch_rows):
+    """Reads the validation files with the first candidate's columns (its problem's source)."""
+    def read(problem):
+        from beam_dp.categorical import Encoding
+        source = problem.source
+        spec = source.get("encoding")
+        encoding = Encoding.from_spec(spec) if spec else None
+        return [b for f in files for b in data.blocks_from_file(
+            f, source["label_column"], source["feature_columns"], problem.loss, batch_rows,
+            data.open_local, encoding)]
+    return read
+
+
+def _train_candidate(api, X, y, input, algorithm, model, delta, the_plan: Plan, setting, options,
+                     fixed, splitter, seed):
+    chosen = registry.get(algorithm)
+    merged = {**options, **setting}
+    steps = merged.get("steps") or merged.get("max_steps") or \
+        registry.make_options(chosen.options, merged).max_steps
+    # T steps of multiplier sigma sqrt(T) compose to one Gaussian of multiplier sigma; the tiny
+    # excess keeps rounding in sqrt from ever putting the composition below sigma_train.
+    multiplier = the_plan.sigma_train * math.sqrt(steps) * (1.0 + 1e-9)
+    rest = {k: v for k, v in fixed.items() if k not in setting}   # (fixed options included)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        candidate = api.train(X, y, input=input, algorithm=algorithm, model=model,
+                              noise_multiplier=multiplier, delta=delta, accountant="rdp",
+                              noise="float", runner="local", seed=seed, _instrument=splitter,
+                              scale_features="none",   # (the splitter released the ranges once)
+                              **rest, **setting)
+    # The candidate must have released no more than the plan's training event.
+    spent = _rdp(_candidate_ledger_event(candidate))
+    planned = _rdp(events.GaussianDpEvent(the_plan.sigma_train))
+    if not np.all(spent <= planned):
+        raise ValueError(f"a candidate ({setting}) released more than the tuning plan accounts "
+                           "for; this setting cannot be tuned")
+    return candidate, steps
+
+
+def _candidate_ledger_event(candidate) -> events.DpEvent:
+    from beam_dp.accounting import event_from_json
+    return event_from_json(candidate.privacy_report["dp_event"])
+
+
+def _noisy_score(candidate, state: _Data, loss, kind, bound, the_plan: Plan, generator) -> float:
+    total = 0.0
+    for block in state.held:
+        total += float(np.sum(row_scores(loss, candidate.block_scores(block), block.labels, kind,
+                                         bound)))
+    noisy = total + float(mechanisms.gaussian_noise(generator, (), the_plan.sigma_score))
+    return noisy / state.held_size

@@ -1,0 +1,276 @@
+"""beam-dp tune: private hyperparameter selection (beam_dp.tuning)."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+import beam_dp
+from beam_dp import accounting, synthetic, tuning
+from beam_dp.cli import main
+
+EPSILON, DELTA = 1.0, 1e-5
+
+
+def _data(n=3000, d=4, seed=0):
+    return synthetic.make_dataset("binary", n=n, d=d, seed=seed)
+
+
+def _event_classes(value) -> set:
+    """Every DpEvent class named in a report's dp_event JSON."""
+    found = set()
+    if isinstance(value, dict):
+        found.add(value.get("class_name"))
+        for v in value.values():
+            found |= _event_classes(v)
+    elif isinstance(value, list):
+        for v in value:
+            found |= _event_classes(v)
+    return found
+
+
+@pytest.mark.parametrize("mean,shape", [(3.0, 1.0), (5.0, 0.0), (2.0, 0.5)])
+def test_plan_meets_the_target_by_rdp(mean, shape):
+    from dp_accounting import dp_event as events
+    plan = tuning.plan(EPSILON, DELTA, mean, shape)
+    assert (plan.mean, plan.shape) == (mean, shape)
+    # the run's event, spelled out here rather than taken from the plan
+    run = events.ComposedDpEvent([
+        events.LaplaceDpEvent(1.0 / plan.count_epsilon),
+        events.RepeatAndSelectDpEvent(events.ComposedDpEvent([
+            events.GaussianDpEvent(plan.sigma_train), events.GaussianDpEvent(plan.sigma_score)]),
+            mean, shape)])
+    spent = accounting.epsilon_of(run, DELTA, "rdp")
+    assert spent <= EPSILON
+    assert spent >= EPSILON * (1 - accounting.CALIBRATION_TOLERANCE)
+    # the selection is what costs: one candidate alone would be far below the target
+    alone = accounting.epsilon_of(plan.candidate_event(), DELTA, "rdp")
+    assert alone < 0.8 * EPSILON
+
+
+def test_tuned_model_reports_the_selection_inside_epsilon():
+    X, y = _data()
+    model = beam_dp.tune(X, y, epsilon=EPSILON, delta=DELTA, seed=1,
+                         grid={"clip_norm": (0.5, 1.0), "steps": (10, 20)})
+    report = model.privacy_report
+    assert report["accountant"] == "rdp" and report["neighbouring"] == "add/remove"
+    assert report["epsilon"] <= EPSILON
+    assert "RepeatAndSelectDpEvent" in _event_classes(report["dp_event"])
+    # the reported epsilon is the ledger's event's, recomputed
+    event = accounting.event_from_json(report["dp_event"])
+    assert accounting.epsilon_of(event, DELTA, "rdp") == pytest.approx(report["epsilon"])
+    assert model.tuning["chosen"] in [{"clip_norm": c, "steps": s} for c in (0.5, 1.0)
+                                      for s in (10, 20)]
+    assert 0.0 <= model.tuning["chosen_noisy_score"] <= 1.0
+    assert "realized" in model.tuning["number_of_candidates"]
+    assert not isinstance(model.tuning["number_of_candidates"]["realized"], (int, float))
+
+
+@pytest.mark.parametrize("mean,shape", [(3.0, 1.0), (4.0, 0.0), (2.5, 2.0)])
+def test_number_of_candidates_follows_the_accounted_law(mean, shape):
+    """K's draws against the truncated negative binomial law dp_accounting accounts: its mean
+    within 4 standard errors, and each of P[K = 1..4] within 4 binomial standard errors."""
+    generator = np.random.default_rng(7)
+    draws = np.array([tuning.draw_candidates(generator, mean, shape) for _ in range(4000)])
+    assert draws.min() >= 1
+    law = tuning.candidates_law(mean, shape, 2000)
+    assert law.sum() == pytest.approx(1.0, abs=1e-6)
+    k = np.arange(1, 2001)
+    # dp_accounting's gamma is a conservative inversion of the mean: the law's mean is close
+    assert float(law @ k) == pytest.approx(mean, rel=1e-3)
+    sd = math.sqrt(float(law @ k ** 2) - float(law @ k) ** 2)
+    assert abs(draws.mean() - float(law @ k)) < 4 * sd / math.sqrt(len(draws))
+    for value in range(1, 5):
+        p = law[value - 1]
+        assert abs(np.mean(draws == value) - p) < 4 * math.sqrt(p * (1 - p) / len(draws))
+
+
+def test_mean_one_is_one_candidate():
+    assert tuning.draw_candidates(np.random.default_rng(0), 1.0, 1.0) == 1
+
+
+def test_selection_picks_the_good_setting(monkeypatch):
+    """One grid point cannot learn (clip norm 1e-4: the model stays near zero, log loss ~ ln 2,
+    score ~0.65; the other scores ~0.8). With ten candidates (drawn uniformly, so both settings
+    are tried) the noisy scores' difference has std sqrt(2) sigma_score / m ~ 0.05 at m ~ 800
+    held-out rows, against a gap of ~0.15: the good one is chosen."""
+    monkeypatch.setattr(tuning, "draw_candidates", lambda generator, mean, shape: 10)
+    X, y = _data(n=4000)
+    for seed in (0, 1):
+        model = beam_dp.tune(X, y, epsilon=EPSILON, delta=DELTA, seed=seed,
+                             grid={"clip_norm": (1e-4, 1.0)}, steps=20)
+        assert model.tuning["chosen"] == {"clip_norm": 1.0}
+
+
+def test_held_out_rows_never_train(monkeypatch):
+    """The rows each candidate trains on and the held-out rows the scores read are disjoint
+    and together the input (the first feature is made a row id)."""
+    X, y = _data(n=2000)
+    X = X.copy()
+    X[:, 0] = np.arange(len(X)) / len(X)
+    seen = []
+    original = tuning._Splitter.__call__
+
+    def spy(self, problem, aggregator):
+        problem, trained = original(self, problem, aggregator)
+        seen.append((np.concatenate([b.features[:, 0] for b in trained.blocks]),
+                     np.concatenate([b.features[:, 0] for b in self.state.held])))
+        return problem, trained
+
+    monkeypatch.setattr(tuning._Splitter, "__call__", spy)
+    beam_dp.tune(X, y, epsilon=EPSILON, seed=3, grid={"steps": (5, 10)}, batch_rows=300)
+    assert seen
+    for trained, held in seen:
+        assert len(np.intersect1d(trained, held)) == 0
+        assert len(trained) + len(held) == len(X)
+        # the share held out: binomial, within 4 standard deviations
+        assert abs(len(held) - 0.2 * len(X)) < 4 * math.sqrt(0.2 * 0.8 * len(X))
+
+
+def test_holdout_is_a_fixed_function_of_row_position():
+    from beam_dp import data, losses
+    X, y = _data(n=1000)
+    blocks = data.blocks_from_arrays(X, y, losses.make_loss("logistic"), 250)
+    first = np.concatenate([tuning.holdout_mask(b, 5, 0.3) for b in blocks])
+    # the same rows in other block sizes (another read of the same input)
+    again = np.concatenate([tuning.holdout_mask(b, 5, 0.3) for b in
+                            data.blocks_from_arrays(X, y, losses.make_loss("logistic"), 400)])
+    assert np.array_equal(first, again)
+    other_key = np.concatenate([tuning.holdout_mask(b, 6, 0.3) for b in blocks])
+    assert not np.array_equal(first, other_key)
+
+
+@pytest.mark.parametrize("grid,message", [
+    ({"clip_nrm": (1.0,)}, "not a tunable option"),
+    ({"scale_features": ("auto",)}, "not a tunable option"),
+    ({"clip_norm": ()}, "no values"),
+    ({"clip_norm": (1.0, 1.0)}, "repeated"),
+    ({"clip_norm": (-1.0, 1.0)}, "clip-norm"),
+    ({"steps": (2.5,)}, "whole number"),
+    ({}, None),   # empty: the default grid
+])
+def test_bad_grids_are_refused(grid, message):
+    if message is None:
+        assert len(tuning.check_grid(tuning.DEFAULT_GRIDS["dpgd"], "dpgd", {})) == 9
+        return
+    with pytest.raises(ValueError, match=message):
+        tuning.check_grid(grid, "dpgd", {})
+
+
+def test_grid_refusals_beyond_the_values():
+    with pytest.raises(ValueError, match="supports --algorithm dpgd"):
+        tuning.check_grid({"clip_norm": (1.0,)}, "dpsgd", {})
+    with pytest.raises(ValueError, match="both fixed and in the grid"):
+        tuning.check_grid({"clip_norm": (1.0, 2.0)}, "dpgd", {"clip_norm": 3.0})
+    with pytest.raises(ValueError, match="KEY=V1,V2"):
+        tuning.parse_grid(["clip_norm"])
+    with pytest.raises(ValueError, match="numbers or true/false"):
+        tuning.parse_grid(["clip_norm=small"])
+    assert tuning.parse_grid(["clip-norm=0.1,1", "steps=10,20"]) == {
+        "clip_norm": (0.1, 1), "steps": (10, 20)}
+    X, y = _data(n=500)
+    with pytest.raises(ValueError, match="--score-bound"):
+        beam_dp.tune(X, y, model="linear", epsilon=1.0)
+    with pytest.raises(ValueError, match="float noise"):
+        beam_dp.tune(X, y, epsilon=1.0, noise="secure")
+
+
+def test_cli_tune_writes_the_model_its_report_and_tuning(tmp_path, capsys):
+    assert main(["make-data", "--output", str(tmp_path / "d"), "--n", "2000", "--d", "4",
+                 "--validation-n", "500", "--shards", "2"]) == 0
+    out = tmp_path / "out"
+    capsys.readouterr()
+    code = main(["tune", "--input", str(tmp_path / "d" / "train-*.parquet"), "--output", str(out),
+                 "--validation", str(tmp_path / "d" / "validation-*.parquet"), "--epsilon", "1",
+                 "--seed", "2", "--grid", "clip-norm=0.5,1", "--grid", "steps=10,20",
+                 "--learning-rate", "2", "--mean-candidates", "4"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    report = json.loads((out / "privacy_report.json").read_text())
+    tuned = json.loads((out / "tuning.json").read_text())
+    assert report["epsilon"] <= 1.0
+    assert "RepeatAndSelectDpEvent" in _event_classes(report["dp_event"])
+    assert report["hyperparameters"]["values"]["learning_rate"] == 2.0
+    assert tuned["score"]["rows"] == "validation files"
+    assert set(tuned) == {"method", "algorithm", "grid", "chosen", "chosen_noisy_score",
+                          "score", "number_of_candidates", "not_released"}
+    # Nothing per candidate on stderr: its length would tell K.
+    assert len(err.strip().splitlines()) == 2
+    assert (out / "model.json").exists()
+    assert main(["tune", "--input", str(tmp_path / "d" / "train-*.parquet"), "--output",
+                 str(tmp_path / "o2"), "--epsilon", "1", "--grid", "clip-nrm=1"]) == 2
+    assert "not a tunable option" in capsys.readouterr().err
+
+
+def test_private_scaling_is_released_once_and_recorded_in_the_model():
+    """--scale-features private: the columns' quantiles are one release before the candidates
+    (in the ledger once, whatever K), the chosen model.json maps raw features as training saw
+    them, and the whole run stays within epsilon."""
+    X, y = _data(n=3000)
+    X = X * np.array([1000.0, 1.0, 0.01, 50.0]) + 7.0   # raw columns on very different scales
+    model = beam_dp.tune(X, y, epsilon=EPSILON, seed=4, scale_features="private",
+                         grid={"clip_norm": (0.5, 1.0)}, steps=20)
+    report = model.privacy_report
+    assert report["epsilon"] <= EPSILON
+    names = [m["name"] for m in report["mechanisms"]]
+    assert names[-1] == "repeat_and_select_best_candidate"
+    scaling = [m for m in report["mechanisms"] if m["name"] not in (
+        "repeat_and_select_best_candidate", "laplace_counts_of_training_and_held_out_rows")]
+    assert scaling and sum(m["count"] for m in scaling) == 2 * X.shape[1]   # 2 quantiles a column
+    assert "scale_columns" in model.artifact["feature_transform"]
+    assert model.score(X, y) > 0.7   # it predicts from raw features
+
+
+def test_readme_example_runs():
+    """The README's block under "Private hyperparameter selection", with the Python API
+    section's X, y (smaller here)."""
+    import os
+    import re
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "README.md")) as f:
+        text = f.read()
+    start = text.index("\n## Private hyperparameter selection")
+    section = text[start:text.find("\n## ", start + 1)]
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    assert len(blocks) == 1
+    X, y = _data(n=3000)
+    namespace = {"beam_dp": beam_dp, "X": X, "y": y}
+    exec(compile(blocks[0], "README: tune", "exec"), namespace)
+    assert namespace["model"].tuning["chosen"]["learning_rate"] in (0.1, 1.0)
+
+
+def test_a_candidate_that_releases_more_than_the_plan_stops_the_run(monkeypatch):
+    from beam_dp import api
+    original = api.train
+
+    def leaky(*args, **kwargs):   # 10% less noise than the plan gave the candidate
+        kwargs["noise_multiplier"] *= 0.9
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(api, "train", leaky)
+    X, y = _data(n=500)
+    with pytest.raises(ValueError, match="released more than the tuning plan"):
+        beam_dp.tune(X, y, epsilon=EPSILON, seed=0, grid={"steps": (5, 10)})
+
+
+def test_estimator_tune_parameter(monkeypatch):
+    """DPLogisticRegression(tune=...): the same selection, its report inside epsilon; the
+    estimator contract holds (tune is a parameter, clone keeps it)."""
+    pytest.importorskip("sklearn")
+    from sklearn.base import clone
+    from beam_dp.estimators import DPLinearRegression, DPLogisticRegression
+    monkeypatch.setattr(tuning, "draw_candidates", lambda generator, mean, shape: 10)
+    X, y = _data(n=4000)
+    clf = DPLogisticRegression(epsilon=EPSILON, classes=[0, 1], random_state=0,
+                               algorithm_options={"steps": 20},
+                               tune={"grid": {"clip_norm": (1e-4, 1.0)}})
+    assert clone(clf).get_params()["tune"] == {"grid": {"clip_norm": (1e-4, 1.0)}}
+    clf.fit(X, y)
+    assert clf.tuning_["chosen"] == {"clip_norm": 1.0}
+    assert clf.privacy_report_["epsilon"] <= EPSILON
+    assert "RepeatAndSelectDpEvent" in _event_classes(clf.privacy_report_["dp_event"])
+    assert clf.score(X, y) > 0.7
+    with pytest.raises(ValueError, match="num_examples"):
+        DPLinearRegression(tune=True, num_examples=100).fit(X, y)
