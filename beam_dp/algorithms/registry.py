@@ -187,6 +187,9 @@ class Problem:
     # Categorical columns encoded into CSR blocks (``beam_dp.categorical``): a public fact of the
     # request (the declared columns), never of the values.
     sparse: bool = False
+    # User-level privacy (``beam_dp.user_level.UserBounding``: the unit's column and the rows
+    # kept per user); the aggregator's blocks are then grouped by user. None: a row is the unit.
+    privacy_unit: "object | None" = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,6 +206,7 @@ class Algorithm:
     no_intercept: bool = True     # can fit a model without an intercept
     secure_noise: bool = False    # every release: integer noise on exact sums (--noise secure)
     sparse_input: bool = False    # takes CSR blocks (categorical columns), never densifying them
+    user_level: bool = False      # supports --privacy-unit-column (add/remove one user)
 
     def check(self, problem: Problem) -> None:
         """Refuses a problem this algorithm cannot solve, with a message naming the choice."""
@@ -222,6 +226,16 @@ class Algorithm:
             raise ValueError("secure noise needs dense features (its exact sums quantize dense "
                              "rows); with --categorical-columns use --noise float (the default "
                              "then)")
+        if problem.privacy_unit is not None:
+            if not self.user_level:
+                takers = ", ".join(a.name for a in algorithms().values() if a.user_level)
+                raise ValueError(f"{self.name} has no user-level privacy yet; with "
+                                 f"--privacy-unit-column use: {takers}")
+            if self.relation != accounting.ADD_REMOVE:
+                raise ValueError("--privacy-unit-column is an add/remove relation (one user)")
+            if problem.sparse:
+                raise ValueError("--privacy-unit-column needs dense features (no "
+                                 "--categorical-columns yet)")
         if problem.privacy.noise == "secure" and not self.secure_noise:
             raise ValueError(f"{self.name} has no secure noise yet (its releases add numpy's float "
                              "noise); use --noise float")
