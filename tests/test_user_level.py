@@ -179,3 +179,23 @@ def test_csv_user_column_is_a_key_and_max_rows_applies(tmp_path):
     assert sum(len(b) for b in grouped) == 21
     model = _train(path, runner="local", max_rows_per_user=7, num_examples=3)
     assert model.privacy_report["privacy_unit"]["max_rows_per_user"] == 7
+
+
+def test_cli_flags_and_schema_key(user_table, tmp_path, cli):
+    pattern, _ = user_table
+    out = tmp_path / "out"
+    run = cli("train", "--input", pattern, "--output", out, "--runner", "local", "--epsilon", 1,
+              "--steps", 2, "--seed", 3, "--num-examples", 600, "--privacy-unit-column", "user_id",
+              "--max-rows-per-user", 5)
+    assert run.code == 0, run.err
+    report = json.loads((out / "privacy_report.json").read_text())
+    assert report["neighbouring"] == accounting.USER_ADD_REMOVE
+    assert report["privacy_unit"]["max_rows_per_user"] == 5
+    assert HEAVY not in run.out + run.err
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"privacy_unit": "user_id"}))
+    model = _train(pattern, runner="local", privacy_unit_column=None, schema=str(schema))
+    assert model.privacy_report["privacy_unit"]["column"] == "user_id"
+    run = cli("train", "--input", pattern, "--output", tmp_path / "o2", "--runner", "local",
+              "--epsilon", 1, "--algorithm", "dpsgd", "--privacy-unit-column", "user_id")
+    assert run.code != 0 and "user-level" in run.err and HEAVY not in run.err
