@@ -201,6 +201,8 @@ def _run(X, y, *, input, algorithm, model, epsilon, delta, noise_multiplier, acc
     if bounding is not None:   # public: the unit's column name and K
         source["privacy_unit"] = dataclasses.asdict(bounding)
     chosen.check(problem)
+    if bounding is not None and budget_gate is not None:
+        raise ValueError(USER_LEVEL_LEDGER)
     relation = accounting.USER_ADD_REMOVE if bounding is not None else chosen.relation
     ledger = accounting.Ledger(accountant, relation, gate=budget_gate)
     try:
@@ -274,6 +276,14 @@ def _warnings(privacy_report: dict, dataset_size: dict) -> list[str]:
                      "steps are normalized by a cautious floor and learn slowly; give "
                      "num_examples (--num-examples) if n is public, or a larger count_epsilon")
     return found
+
+
+# Why the budget ledger refuses user-level runs: its Renyi filter composes every run on a
+# partition under one row-level relation, and a user-level guarantee is for another unit (with
+# this bounding, removing one row can move a user's clipped sum by up to 2 C, so it is not a
+# row-level guarantee at the same epsilon either). Mixing them needs a per-relation budget.
+USER_LEVEL_LEDGER = ("the budget ledger (--ledger) composes row-level runs; user-level runs "
+                     "(--privacy-unit-column) are not charged to it yet")
 
 
 def _user_bounding(column: str | None, max_rows: int | None):

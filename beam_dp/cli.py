@@ -703,6 +703,10 @@ def _release(args, chosen, input_files, validation_files):
         "command", "input", "validation", "output", "overwrite", "runner", "steps_per_job",
         "checkpoint_dir", "max_jobs", "ledger", "orchestrator_id", "warm_start")}
     configuration["neighbouring"] = chosen.relation   # (the algorithm's options are in args)
+    if configuration.get("privacy_unit_column") is None:
+        # Row-level runs: their release ids stay as they were before these flags existed.
+        configuration.pop("privacy_unit_column", None)
+        configuration.pop("max_rows_per_user", None)
     if args.command == "audit":   # (not written for train: its release ids stay as they were)
         configuration["command"] = "audit"
     warm_start = getattr(args, "warm_start", None)
@@ -760,6 +764,9 @@ def _check_ledger_flags(args) -> None:
                          "the dataset's budget")
     if args.partition and args.ledger is None:
         raise ValueError("--partition needs --ledger (partitions are budgets in the ledger)")
+    if args.ledger is not None and getattr(args, "privacy_unit_column", None) is not None:
+        from beam_dp.api import USER_LEVEL_LEDGER
+        raise ValueError(USER_LEVEL_LEDGER)
 
 
 def _charged(args, chosen, release: str, orchestrator: dict, run, write_released,

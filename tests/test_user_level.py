@@ -199,3 +199,28 @@ def test_cli_flags_and_schema_key(user_table, tmp_path, cli):
     run = cli("train", "--input", pattern, "--output", tmp_path / "o2", "--runner", "local",
               "--epsilon", 1, "--algorithm", "dpsgd", "--privacy-unit-column", "user_id")
     assert run.code != 0 and "user-level" in run.err and HEAVY not in run.err
+    # The budget ledger composes row-level charges: a user-level run is refused before training.
+    run = cli("train", "--input", pattern, "--output", tmp_path / "o3", "--runner", "local",
+              "--epsilon", 1, "--privacy-unit-column", "user_id",
+              "--ledger", tmp_path / "budget.db", "--dataset-id", "d")
+    assert run.code != 0 and "not charged to it yet" in run.err
+    assert not (tmp_path / "o3").exists()
+
+
+@pytest.mark.parametrize("model", ["softmax", "linear"])
+def test_without_binding_clips_the_user_sum_is_the_row_level_sum(model):
+    """With a clip norm no gradient reaches, the per-user path sums the same gradients as the
+    row-level kernel (softmax's k outputs and the intercept laid out alike)."""
+    rng = np.random.default_rng(9)
+    n, d = 500, 4
+    loss = losses.make_loss(model, 3 if model == "softmax" else None, 1.0)
+    labels = rng.integers(0, 3, n).astype(float) if model == "softmax" else rng.normal(size=n)
+    block = Block(rng.normal(size=(n, d)), loss.encode_labels(labels),
+                  users=_keys(rng.integers(0, 40, n)))
+    grouped = user_level.group_by_user([block], n, batch_rows=100)
+    theta = rng.normal(size=(loss.outputs(), d + 1))
+    for fit in (True, False):
+        ours = sum(user_level.user_clipped_gradient_sum(theta, b, loss, 1e6, fit) for b in grouped)
+        rows = clipping.clipped_gradient_sum(theta, block.features, block.sq_norms, block.labels,
+                                             loss, 1e6, fit)
+        np.testing.assert_allclose(ours, rows, rtol=1e-10, atol=1e-9)

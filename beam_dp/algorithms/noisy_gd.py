@@ -16,6 +16,10 @@ count that is recorded in the ledger and composed with the training steps. Every
 smooth function of it that stays sane over the count's error range (``_plan``): the normalizer is
 q * max(n, floor) with floor the count's own error bound, so an undershooting count cannot blow
 up a step.
+
+With ``--privacy-unit-column`` (dpgd only) the relation is add/remove one user with all their
+rows: the blocks are grouped by user and bounded to K rows each, each step clips every user's
+summed gradient to C (``UserGradientStep``, ``beam_dp.user_level``), and n is a count of users.
 """
 from __future__ import annotations
 
