@@ -224,3 +224,35 @@ def test_without_binding_clips_the_user_sum_is_the_row_level_sum(model):
         rows = clipping.clipped_gradient_sum(theta, block.features, block.sq_norms, block.labels,
                                              loss, 1e6, fit)
         np.testing.assert_allclose(ours, rows, rtol=1e-10, atol=1e-9)
+
+
+def test_one_run_audit_of_canary_users_holding_1000_rows_each():
+    """A seeded distinguishing check (``beam_dp.audit``'s one-run audit): 64 canary users, each
+    with 1,000 rows on its own feature column, included with probability 1/2 in one noisy
+    step. The audit's 95% lower bound on epsilon must stay within the step's accounted epsilon
+    (it is ~0: each canary moves the sum by C against noise sigma C); the same test on row-level
+    sums (each canary moving it by 1,000 C) finds every canary, a bound far above it."""
+    from dp_accounting import dp_event
+
+    from beam_dp import audit
+
+    m, rows, clip, sigma, delta = 64, 1000, 1.0, 5.0, 1e-5
+    accounted = accounting.epsilon_of(dp_event.GaussianDpEvent(sigma), delta)
+    rng = np.random.default_rng(2024)
+    included = rng.random(m) < 0.5
+    members = np.flatnonzero(included)
+    features = np.zeros((len(members) * rows, m))
+    features[np.arange(len(features)), np.repeat(members, rows)] = 2.0
+    block = Block(features, np.ones(len(features)), users=_keys(np.repeat(members, rows)))
+    loss = losses.make_loss("logistic", None, 1.0)
+    theta = np.zeros((1, m + 1))
+    grouped = user_level.group_by_user([block], rows, batch_rows=8192)
+    user_sum = sum(user_level.user_clipped_gradient_sum(theta, b, loss, clip, False) for b in grouped)
+    row_sum = clipping.clipped_gradient_sum(theta, block.features, block.sq_norms, block.labels,
+                                            loss, clip, False)
+    noise = rng.normal(0.0, sigma * clip, theta.shape)
+    # A canary's gradient pushes its coordinate down: its score is minus the noisy sum there.
+    user_level_bound = audit.audit_from_scores(-(user_sum + noise)[0, :m], included, delta)
+    row_level_bound = audit.audit_from_scores(-(row_sum + noise)[0, :m], included, delta)
+    assert user_level_bound["epsilon_lower_bound"] <= accounted
+    assert row_level_bound["epsilon_lower_bound"] > 2 * accounted
