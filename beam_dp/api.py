@@ -165,6 +165,8 @@ def _run(X, y, *, input, algorithm, model, epsilon, delta, noise_multiplier, acc
         raise ValueError("steps_per_job and batch_rows must be at least 1")
     loss = losses.make_loss(model, num_classes, huber_delta)
     chosen.check_request(loss, privacy, algorithm_options)   # before any data is read
+    if bounding is not None:   # before the input is read and grouped by user
+        chosen.check_user_level()
     if (X is None) == (input is None):
         raise ValueError("give either arrays X, y or input= files")
     encoding = None

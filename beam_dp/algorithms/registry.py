@@ -227,10 +227,7 @@ class Algorithm:
                              "rows); with --categorical-columns use --noise float (the default "
                              "then)")
         if problem.privacy_unit is not None:
-            if not self.user_level:
-                takers = ", ".join(a.name for a in algorithms().values() if a.user_level)
-                raise ValueError(f"{self.name} has no user-level privacy yet; with "
-                                 f"--privacy-unit-column use: {takers}")
+            self.check_user_level()
             if self.relation != accounting.ADD_REMOVE:
                 raise ValueError("--privacy-unit-column is an add/remove relation (one user)")
             if problem.sparse:
@@ -239,6 +236,13 @@ class Algorithm:
         if problem.privacy.noise == "secure" and not self.secure_noise:
             raise ValueError(f"{self.name} has no secure noise yet (its releases add numpy's float "
                              "noise); use --noise float")
+
+    def check_user_level(self) -> None:
+        """Refuses --privacy-unit-column where the algorithm has no user-level bounding."""
+        if not self.user_level:
+            takers = ", ".join(a.name for a in algorithms().values() if a.user_level)
+            raise ValueError(f"{self.name} has no user-level privacy yet; with "
+                             f"--privacy-unit-column use: {takers}")
 
     def check_request(self, loss: GlmLoss, privacy: Privacy, options) -> None:
         """Refuses a request this algorithm cannot serve that is known before any data is read
