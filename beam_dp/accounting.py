@@ -68,10 +68,15 @@ from scipy import special as scipy_special
 ACCOUNTANTS = ("pld", "rdp")
 ADD_REMOVE = "add/remove"
 REPLACE_ONE = "replace-one"
+# User-level privacy (--privacy-unit-column, ``beam_dp.user_level``): the unit added or removed
+# is a user with all their rows. dp_accounting's relation is the same add/remove one unit: the
+# contribution bounding makes each release's sensitivity to a user what it was to a row.
+USER_ADD_REMOVE = "add/remove one user (all their rows)"
 
 _RELATIONS = {
     ADD_REMOVE: dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
     REPLACE_ONE: dp_accounting.NeighboringRelation.REPLACE_ONE,
+    USER_ADD_REMOVE: dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
 }
 
 

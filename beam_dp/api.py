@@ -13,13 +13,14 @@ defaults and ranges: ``beam-dp algorithms``); the CLI and the scikit-learn estim
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
 import warnings
 from typing import Callable, Sequence
 
 import numpy as np
 
-from beam_dp import accounting, data, features, losses, mechanisms, report
+from beam_dp import accounting, data, features, losses, mechanisms, report, user_level
 from beam_dp.algorithms import registry
 from beam_dp import schema as schema_mod
 from beam_dp.categorical import Encoding, make_encoding
@@ -52,8 +53,8 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
           label_classes: Sequence[str] | None = None, positive_class: str | None = None,
           missing: dict | None = None, ignore_columns: Sequence[str] | None = None,
           schema: "str | dict | None" = None, bounds: dict | None = None,
-          _instrument: Callable | None = None,
-          **options) -> "Model":
+          privacy_unit_column: str | None = None, max_rows_per_user: int | None = None,
+          _instrument: Callable | None = None, **options) -> "Model":
     """Trains a differentially private GLM; see the module docstring.
 
     ``epsilon`` (with ``delta``) calibrates the noise; ``noise_multiplier`` instead reports the
@@ -83,6 +84,12 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
     (left out of the default features), ``bounds`` (column -> (low, high): public ranges; dpgd
     and dpsgd scale those columns, and a regression label, without spending privacy).
 
+    ``privacy_unit_column`` (file input; dpgd): user-level privacy, the guarantee for adding or
+    removing one user with all their rows (``beam_dp.user_level``): the column is each row's
+    user key (never a feature, never printed); a user keeps at most ``max_rows_per_user`` rows
+    (default ``user_level.DEFAULT_MAX_ROWS_PER_USER``) and each step clips the user's summed
+    gradient to the clip norm.
+
     ``_instrument(problem, aggregator) -> (problem, aggregator)``: internal (``beam_dp.tune``
     keeps a candidate's training rows and gives it the released size).
     """
@@ -96,10 +103,11 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
                      categorical_columns=categorical_columns, hash_buckets=hash_buckets,
                      hash_seed=hash_seed, vocabulary=vocabulary, label_classes=label_classes,
                      positive_class=positive_class, missing=missing, ignore_columns=ignore_columns,
-                     bounds=bounds)
+                     bounds=bounds, privacy_unit_column=privacy_unit_column)
         merged = schema_mod.merge(declared, given, _SCHEMA_DEFAULTS)
         (label_column, feature_columns, categorical_columns, hash_buckets, hash_seed, vocabulary,
-         label_classes, positive_class, missing, ignore_columns, bounds) = (merged[k] for k in given)
+         label_classes, positive_class, missing, ignore_columns, bounds,
+         privacy_unit_column) = (merged[k] for k in given)
     if bounds is not None:
         bounds = schema_mod.check_bounds(bounds)
     if label_classes is not None and model == "softmax" and num_classes is None:
@@ -113,6 +121,7 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
                steps_per_job=steps_per_job, checkpoint_dir=checkpoint_dir, progress=progress,
                warm_start=warm_start, max_jobs=max_jobs, budget_gate=budget_gate, options=options,
                bounds=bounds, instrument=_instrument,
+               bounding=_user_bounding(privacy_unit_column, max_rows_per_user),
                categorical=dict(categorical_columns=categorical_columns, hash_buckets=hash_buckets,
                                 hash_seed=hash_seed, vocabulary=vocabulary,
                                 label_classes=label_classes, positive_class=positive_class,
@@ -148,7 +157,8 @@ def _run(X, y, *, input, algorithm, model, epsilon, delta, noise_multiplier, acc
          feature_columns, runner, pipeline_args, batch_rows, seed, steps_per_job=None,
          checkpoint_dir=None, progress=None, warm_start=None, max_jobs=None, budget_gate=None,
          options=None, instrument=None, categorical: dict | None = None,
-         bounds: dict | None = None) -> _Run:
+         bounds: dict | None = None,
+         bounding: "user_level.UserBounding | None" = None) -> _Run:
     """``train`` up to its result: what ``train`` and ``beam_dp.audit.run`` share.
     ``instrument(problem, aggregator) -> (problem, aggregator)``: the audit's canaries (a wider
     problem, an aggregator that injects them); None for training."""
@@ -164,12 +174,17 @@ def _run(X, y, *, input, algorithm, model, epsilon, delta, noise_multiplier, acc
         raise ValueError("steps_per_job and batch_rows must be at least 1")
     loss = losses.make_loss(model, num_classes, huber_delta)
     chosen.check_request(loss, privacy, algorithm_options)   # before any data is read
+    if bounding is not None:   # before the input is read and grouped by user
+        chosen.check_user_level()
     if (X is None) == (input is None):
         raise ValueError("give either arrays X, y or input= files")
     encoding = None
     if X is not None:
         if runner not in (None, LOCAL):
             raise ValueError("in-memory arrays train in-process; write them to files to use a Beam runner")
+        if bounding is not None:
+            raise ValueError("privacy_unit_column names a column of the input files (input=); "
+                             "write the arrays and their user column to files")
         if categorical and any(v not in (None, 0) for v in categorical.values()):
             raise ValueError("categorical columns, label classes, missing-value policies and "
                              "ignored columns are read from files (input=); encode in-memory "
@@ -179,7 +194,7 @@ def _run(X, y, *, input, algorithm, model, epsilon, delta, noise_multiplier, acc
     else:
         files, feature_columns, aggregator, encoding = file_input(
             input, runner or DEFAULT_BEAM_RUNNER, list(pipeline_args), loss, label_column,
-            feature_columns, batch_rows, categorical=categorical)
+            feature_columns, batch_rows, categorical=categorical, bounding=bounding)
     if max_jobs is not None and hasattr(aggregator, "max_jobs"):
         aggregator.max_jobs = max_jobs
     source = {"files": files, "label_column": label_column, "feature_columns": list(feature_columns)}
@@ -197,9 +212,15 @@ def _run(X, y, *, input, algorithm, model, epsilon, delta, noise_multiplier, acc
     problem = registry.Problem(loss, encoding.dim if encoding is not None else len(feature_columns),
                                privacy, fit_intercept, steps_per_job, checkpoint_dir, source,
                                seed_fixed=seed is not None, initial_theta=initial,
-                               sparse=encoding is not None and encoding.sparse)
+                               sparse=encoding is not None and encoding.sparse,
+                               privacy_unit=bounding)
+    if bounding is not None:   # public: the unit's column name and K
+        source["privacy_unit"] = dataclasses.asdict(bounding)
     chosen.check(problem)
-    ledger = accounting.Ledger(accountant, chosen.relation, gate=budget_gate)
+    if bounding is not None and budget_gate is not None:
+        raise ValueError(USER_LEVEL_LEDGER)
+    relation = accounting.USER_ADD_REMOVE if bounding is not None else chosen.relation
+    ledger = accounting.Ledger(accountant, relation, gate=budget_gate)
     try:
         if instrument is not None:
             problem, aggregator = instrument(problem, aggregator)
@@ -283,20 +304,47 @@ def _warnings(privacy_report: dict, dataset_size: dict) -> list[str]:
     n, delta, epsilon = dataset_size["value"], privacy_report["delta"], privacy_report["epsilon"]
     if delta * n >= 1:
         found.append(f"delta = {delta:g} is not small against 1/n (n ~ {n}): a mechanism may then "
-                     "publish a row outright; choose delta well below 1/n")
+                     f"publish a {'user' if dataset_size.get('unit') == 'users' else 'row'} "
+                     "outright; choose delta well below 1/n")
     if epsilon > LARGE_EPSILON:
         found.append(f"epsilon = {epsilon:.4g} is above {LARGE_EPSILON:g}: the guarantee says "
                      "little at that level")
     error = dataset_size.get("error_bound_95")
     if error is not None and error > 0.1 * n:
-        found.append(f"the private count's 95% error (+-{error:.0f} rows) is large against n ~ {n}: "
+        unit = dataset_size.get("unit", "rows")   # users under user-level privacy
+        found.append(f"the private count's 95% error (+-{error:.0f} {unit}) is large against n ~ {n}: "
                      "steps are normalized by a cautious floor and learn slowly; give "
                      "num_examples (--num-examples) if n is public, or a larger count_epsilon")
     return found
 
 
+# Why the budget ledger refuses user-level runs: its Renyi filter composes every run on a
+# partition under one row-level relation, and a user-level guarantee is for another unit (with
+# this bounding, removing one row can move a user's clipped sum by up to 2 C, so it is not a
+# row-level guarantee at the same epsilon either). Mixing them needs a per-relation budget.
+USER_LEVEL_LEDGER = ("the budget ledger (--ledger) composes row-level runs; user-level runs "
+                     "(--privacy-unit-column) are not charged to it yet")
+
+
+def _user_bounding(column: str | None, max_rows: int | None):
+    """The user-level bounds from the keywords (None: row-level), checked."""
+    if column is None:
+        if max_rows is not None:
+            raise ValueError("max_rows_per_user (--max-rows-per-user) bounds the rows of each "
+                             "user: it needs privacy_unit_column (--privacy-unit-column)")
+        return None
+    if not isinstance(column, str) or not column:
+        raise ValueError("privacy_unit_column must be a column name")
+    if max_rows is None:
+        max_rows = user_level.DEFAULT_MAX_ROWS_PER_USER
+    if isinstance(max_rows, bool) or not isinstance(max_rows, numbers.Integral) or max_rows < 1:
+        raise ValueError("max_rows_per_user (--max-rows-per-user) must be a whole number, at least 1")
+    return user_level.UserBounding(column, int(max_rows))
+
+
 def file_input(input, runner, pipeline_args, loss, label_column, feature_columns, batch_rows,
-               read_label: bool = True, categorical: dict | None = None):
+               read_label: bool = True, categorical: dict | None = None,
+               bounding: "user_level.UserBounding | None" = None):
     """The input files, their feature columns, the aggregator for the chosen runner and the
     categorical encoding (None without categorical columns). ``read_label`` False (private
     statistics): the label column is only left out of the default features. ``categorical``:
@@ -312,6 +360,11 @@ def file_input(input, runner, pipeline_args, loss, label_column, feature_columns
     categorical = dict(categorical or {})
     named = list(categorical.pop("categorical_columns", None) or ())
     ignore = list(categorical.pop("ignore_columns", None) or ())
+    user_column = bounding.column if bounding is not None else None
+    if user_column is not None:
+        _check_user_column(files[0], open_file, user_column, label_column, feature_columns,
+                           categorical.get("categorical_columns"))
+        ignore = ignore + [user_column] * (user_column not in ignore)   # a key, never a feature
     columns = data.resolve_feature_columns(files[0], label_column, feature_columns, open_file,
                                            require_label=read_label, categorical=named,
                                            ignore=ignore,
@@ -324,12 +377,23 @@ def file_input(input, runner, pipeline_args, loss, label_column, feature_columns
     read = label_column if read_label else None
     if runner == LOCAL:
         from beam_dp.local import LocalAggregator
-        blocks = data.load_blocks(files, read, columns, loss, batch_rows, encoding)
+        blocks = data.load_blocks(files, read, columns, loss, batch_rows, encoding, user_column)
+        if bounding is not None:   # every user's rows bounded and in one block (one sort)
+            blocks = user_level.group_by_user(blocks, bounding.max_rows, batch_rows)
         return files, columns, LocalAggregator(blocks), encoding
     from beam_dp.beam.aggregator import BeamAggregator
     return files, columns, BeamAggregator(files, read, columns, loss, batch_rows,
                                           ["--runner", runner] + pipeline_args,
-                                          encoding=encoding), encoding
+                                          encoding=encoding, user_bounding=bounding), encoding
+
+
+def _check_user_column(path, open_file, column, label_column, feature_columns, categorical):
+    """The privacy unit's column exists and is not also the label or a feature."""
+    if column == label_column or column in (feature_columns or ()) or column in (categorical or ()):
+        raise ValueError(f"the privacy unit column '{column}' is also the label or a feature: "
+                         "it is read as a key only")
+    if column not in data.read_schema(path, open_file).names:
+        raise data.DataError(f"{path}: privacy unit column '{column}' not found")
 
 
 def _check_classes(encoding: Encoding, loss: losses.GlmLoss) -> None:

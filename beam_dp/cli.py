@@ -95,7 +95,7 @@ def _requested_algorithm(argv: list[str]) -> str:
 
 def _add_run_arguments(parser, audit: bool) -> None:
     """The flags of a training configuration: input, model and privacy (``train`` and ``audit``)."""
-    from beam_dp import accounting, losses
+    from beam_dp import accounting, losses, user_level
 
     io = parser.add_argument_group("input and output")
     io.add_argument("--input", required=True, nargs="+", action="extend",
@@ -183,6 +183,17 @@ def _add_run_arguments(parser, audit: bool) -> None:
     privacy.add_argument("--seed", type=int, default=None,
                          help="fixed seed, for tests and comparisons only; default: the OS's "
                               "secure randomness")
+    if not audit:
+        privacy.add_argument(
+            "--privacy-unit-column", default=None, metavar="COLUMN",
+            help="user-level privacy (dpgd): the guarantee is for adding or removing one user "
+                 "with all their rows, COLUMN holding each row's user (a key, never a feature "
+                 "or printed; the schema's privacy_unit)")
+        privacy.add_argument(
+            "--max-rows-per-user", type=_positive_int, default=None, metavar="K",
+            help="with --privacy-unit-column: the rows kept per user (chosen by a keyed hash of "
+                 "the user's own rows); each step clips the user's summed gradient to the clip "
+                 f"norm whatever K. Default {user_level.DEFAULT_MAX_ROWS_PER_USER}")
 
 
 def _add_ledger_arguments(parser) -> None:
@@ -801,6 +812,10 @@ def _release(args, chosen, input_files, validation_files):
         "command", "input", "validation", "output", "overwrite", "runner", "steps_per_job",
         "checkpoint_dir", "max_jobs", "ledger", "orchestrator_id", "warm_start")}
     configuration["neighbouring"] = chosen.relation   # (the algorithm's options are in args)
+    if configuration.get("privacy_unit_column") is None:
+        # Row-level runs: their release ids stay as they were before these flags existed.
+        configuration.pop("privacy_unit_column", None)
+        configuration.pop("max_rows_per_user", None)
     if args.command == "audit":   # (not written for train: its release ids stay as they were)
         configuration["command"] = "audit"
     warm_start = getattr(args, "warm_start", None)
@@ -858,6 +873,9 @@ def _check_ledger_flags(args) -> None:
                          "the dataset's budget")
     if args.partition and args.ledger is None:
         raise ValueError("--partition needs --ledger (partitions are budgets in the ledger)")
+    if args.ledger is not None and getattr(args, "privacy_unit_column", None) is not None:
+        from beam_dp.api import USER_LEVEL_LEDGER
+        raise ValueError(USER_LEVEL_LEDGER)
 
 
 def _charged(args, chosen, release: str, orchestrator: dict, run, write_released,
@@ -1110,7 +1128,9 @@ def _train_model(api, args, beam_args, options, gate=None):
         categorical_columns=args.categorical_columns, hash_buckets=args.hash_buckets,
         hash_seed=args.hash_seed, vocabulary=args.vocabulary, schema=args.schema,
         label_classes=args.label_classes, positive_class=args.positive_class,
-        missing=_missing_policies(args.missing), ignore_columns=args.ignore_columns, **options)
+        missing=_missing_policies(args.missing), ignore_columns=args.ignore_columns,
+        privacy_unit_column=args.privacy_unit_column, max_rows_per_user=args.max_rows_per_user,
+        **options)
 
 
 def _concat_ids(pieces: list):

@@ -64,6 +64,9 @@ class Block:
     # Read for prediction only (no label): the rows a declared "drop" policy would leave out of
     # training, which get no prediction (None: none).
     dropped: np.ndarray | None = None
+    # User-level privacy (``beam_dp.user_level``): each row's privacy unit as a 64-bit key
+    # (a hash of the --privacy-unit-column value, never the value); None: rows are the unit.
+    users: np.ndarray | None = None
 
     def __post_init__(self):
         if self.sq_norms is None:
@@ -89,7 +92,8 @@ class Block:
 
     def take(self, rows: np.ndarray) -> "Block":
         return Block(self.features[rows], self.labels[rows], self.source, self.row_start,
-                     self.sq_norms[rows], self.tag)
+                     self.sq_norms[rows], self.tag,
+                     users=self.users[rows] if self.users is not None else None)
 
     def parts(self, tags: np.ndarray):
         """The rows grouped by ``tags`` (one int per row): a Block per tag present, in tag order,
@@ -517,8 +521,11 @@ def blocks_from_file(path: str, label_column: str | None, feature_columns: Seque
 def blocks_from_shard(shard: Shard, label_column: str | None, feature_columns: Sequence[str],
                       loss: losses_mod.GlmLoss, batch_rows: int = DEFAULT_BATCH_ROWS,
                       opener: Callable[[str], BinaryIO] = open_local,
-                      encoding=None) -> Iterator[Block]:
+                      encoding=None, user_column: str | None = None) -> Iterator[Block]:
     """Reads one shard into validated Blocks of at most ``batch_rows`` rows.
+
+    ``user_column`` (user-level privacy): that column is read as each row's privacy unit, a
+    key (``Block.users``), never a feature; a row without one is an error naming the column.
 
     With an ``encoding`` (``beam_dp.categorical.Encoding``) the features are its numeric
     columns then its categorical ones, encoded into a CSR matrix; ``feature_columns`` is then
@@ -538,6 +545,9 @@ def blocks_from_shard(shard: Shard, label_column: str | None, feature_columns: S
     if class_labels:
         text = text + (label_column,)   # read as text (CSV too), matched to the declared classes
     columns = list(feature_columns) + ([label_column] if label_column is not None else [])
+    if user_column is not None:
+        columns.append(user_column)
+        text = text + (user_column,)   # CSV: the key as text, never parsed as a number
     row_start = shard.row_start
     failure = None
     if shard.row_groups == ():
@@ -572,6 +582,8 @@ def blocks_from_shard(shard: Shard, label_column: str | None, feature_columns: S
                     labels = np.where(absent, 0.0, labels)
                 block = validated_block(features, labels, loss, path, row_start, feature_columns,
                                         label_column)
+                if user_column is not None:
+                    block.users = _user_keys(batch, user_column, path, row_start)
                 if keep is not None and not keep.all():
                     if label_column is None:   # prediction: every row kept, in its place
                         block.dropped = ~keep
@@ -591,6 +603,16 @@ def blocks_from_shard(shard: Shard, label_column: str | None, feature_columns: S
         failure = f"{path}: cannot read ({_reason(path, e)})"
     # Raised outside the handlers so that no exception chained to it carries pyarrow's text.
     raise DataError(failure or _missing_columns(path, columns, opener))
+
+
+def _user_keys(batch: pa.RecordBatch, user_column: str, path: str, row_start: int) -> np.ndarray:
+    from beam_dp import user_level
+    column = batch.column(user_column)
+    missing = user_level.first_missing_key(column)
+    if missing is not None:
+        raise DataError(f"{path}, row {row_start + missing + 1}: column '{user_column}' (the "
+                        "privacy unit) is missing: a row without a user cannot be bounded")
+    return user_level.user_keys(column)
 
 
 def _class_ids(encoding, batch: pa.RecordBatch, label_column: str, path: str):
@@ -613,10 +635,10 @@ def _encoded(encoding, numeric: np.ndarray, batch: pa.RecordBatch, path: str):
 
 def load_blocks(files: Sequence[str], label_column: str | None, feature_columns: Sequence[str],
                 loss: losses_mod.GlmLoss, batch_rows: int = DEFAULT_BATCH_ROWS,
-                encoding=None) -> list[Block]:
+                encoding=None, user_column: str | None = None) -> list[Block]:
     blocks = [b for shard in plan_shards(files, batch_rows)
               for b in blocks_from_shard(shard, label_column, feature_columns, loss, batch_rows,
-                                         encoding=encoding)]
+                                         encoding=encoding, user_column=user_column)]
     if not blocks:
         raise DataError(f"{', '.join(files)}: the input has no rows")
     return blocks

@@ -91,6 +91,9 @@ PROTECTED = {
     "add/remove": "the presence or absence of any one example (one row) of the training input",
     "replace-one": ("any one example (one row) of the training input against its replacement by "
                     "any other: the number of rows is treated as public"),
+    "add/remove one user (all their rows)": (
+        "the presence or absence of any one user (every row holding their value of the privacy "
+        "unit column) of the training input"),
 }
 
 
@@ -131,6 +134,8 @@ def privacy_report(ledger, privacy, result, algorithm, options, seed_fixed: bool
         clip_norm=result.clip_norm,
         expected_batch_size=result.expected_batch_size,
         dataset_size=result.dataset_size,
+        **({"privacy_unit": result.privacy_unit}
+           if getattr(result, "privacy_unit", None) is not None else {}),
         **{result.details_name: result.preprocessing},
         hyperparameters={"status": "public inputs; not privately tuned",
                          "values": dataclasses.asdict(options)})

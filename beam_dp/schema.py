@@ -14,6 +14,7 @@ over the file. The file:
       "hash_buckets": 64,                        # or "vocabulary": "vocab.json"
       "ignore": ["row_id"],                      # left out of the default feature columns
       "id_columns": ["row_id"],                  # copied into predict's output
+      "privacy_unit": "user_id",                 # user-level privacy: the unit's key column
       "missing": {"income": "indicator", "balance": "constant:0", "label": "drop"},
       "bounds": {"income": [0, 100000], "balance": [0, 3000]}   # public ranges
     }
@@ -51,6 +52,7 @@ KEYS = {
     "missing": "missing",
     "id_columns": "id_columns",
     "bounds": "bounds",
+    "privacy_unit": "privacy_unit_column",
 }
 LISTS = ("label_classes", "numeric", "categorical", "ignore", "id_columns")
 
@@ -88,7 +90,7 @@ def from_dict(raw, source: str = "schema") -> dict:
             if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
                 raise SchemaError(f"{source}: 'missing' must map columns to policies "
                                   "(constant:V, indicator, indicator:V, drop)")
-        elif key in ("label", "positive_class", "vocabulary"):
+        elif key in ("label", "positive_class", "vocabulary", "privacy_unit"):
             if not isinstance(value, str):
                 raise SchemaError(f"{source}: '{key}' must be a string")
         elif key == "bounds":

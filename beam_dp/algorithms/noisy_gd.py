@@ -16,6 +16,10 @@ count that is recorded in the ledger and composed with the training steps. Every
 smooth function of it that stays sane over the count's error range (``_plan``): the normalizer is
 q * max(n, floor) with floor the count's own error bound, so an undershooting count cannot blow
 up a step.
+
+With ``--privacy-unit-column`` (dpgd only) the relation is add/remove one user with all their
+rows: the blocks are grouped by user and bounded to K rows each, each step clips every user's
+summed gradient to C (``UserGradientStep``, ``beam_dp.user_level``), and n is a count of users.
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ from typing import Callable
 import numpy as np
 from dp_accounting import dp_event as events
 
-from beam_dp import accounting, clipping, features, geometry, mechanisms, stats
+from beam_dp import accounting, clipping, features, geometry, mechanisms, stats, user_level
 from beam_dp.algorithms.base import (Aggregator, TrainState, load_checkpoint, run_chunks,
                                      save_checkpoint)
 from beam_dp.algorithms.registry import Algorithm, Problem, option
@@ -226,6 +230,22 @@ class NoisyGradientStep:
 
 
 @dataclasses.dataclass(frozen=True)
+class UserGradientStep(NoisyGradientStep):
+    """A full-batch step under user-level privacy (``beam_dp.user_level``): each user's
+    per-row-clipped gradients summed over their kept rows, that sum clipped to C, so one user
+    (not one row) adds at most C: the same noise, for "add/remove one user". Its blocks are
+    grouped by user (no user spans two), so per-block sums are whole users' sums. Float noise
+    only (the exact integer sums quantize rows, not users' sums)."""
+
+    def selected_sum(self, batch, state: TrainState):
+        users = batch.users
+        if self.transform is not None:   # a per-row map: the rows (and their users) stay
+            batch = self.transform(batch)
+        return user_level.user_clipped_gradient_sum(state.theta, batch, self.loss, self.clip_norm,
+                                                    self.fit_intercept, users)
+
+
+@dataclasses.dataclass(frozen=True)
 class ColumnStepScale:
     """A diagonal preconditioner for categorical columns (``--precondition counts``): the
     update of column ``first + j`` is multiplied by n / max(c_j, floor), c_j the column's
@@ -282,6 +302,9 @@ class TrainResult:
     # The public constraint set the coefficients lie in (``geometry.Constraint.to_json``),
     # recorded in model.json; None: unconstrained.
     constraint: dict | None = None
+    # User-level privacy: the unit's column name and the contribution bounds (public), for the
+    # report; None: a row is the unit.
+    privacy_unit: dict | None = None
 
 
 # The noise's scale in grid units stays within [2^32, 2^48]: from 2^32 the discrete Gaussian is
@@ -454,7 +477,8 @@ COUNT_FAILURE = 0.01
 
 
 def release_dataset_size(config: NoisyGDConfig, aggregator: Aggregator, seed: int,
-                         ledger: accounting.Ledger) -> dict:
+                         ledger: accounting.Ledger,
+                         exact_count: Callable[[], int] | None = None) -> dict:
     """n for q and the normalizers: public (``num_examples``) or a Laplace count in the ledger
     (budget ``count_epsilon``, default COUNT_SHARE of epsilon, or 0.01 with a noise multiplier).
 
@@ -464,7 +488,9 @@ def release_dataset_size(config: NoisyGDConfig, aggregator: Aggregator, seed: in
     exceeds the noisy one with probability COUNT_FAILURE (a public n has none: floor 1).
     Normalizers use max(n, floor): a count that undershoots (on tiny data it may be clamped to 1)
     then cannot blow up a gradient or a mean (at worst the true n is n_noisy + floor
-    <= 2 max(n_noisy, floor)), while at any n well above the floor nothing changes."""
+    <= 2 max(n_noisy, floor)), while at any n well above the floor nothing changes.
+    ``exact_count`` (default ``aggregator.count``): what is counted, e.g. the users of a
+    user-level run (sensitivity 1 under its relation too)."""
     if config.num_examples is not None:
         return {"source": "public (--num-examples)", "value": int(config.num_examples)}
     count_epsilon = config.count_epsilon or (COUNT_SHARE * config.epsilon if config.epsilon else 0.01)
@@ -476,13 +502,13 @@ def release_dataset_size(config: NoisyGDConfig, aggregator: Aggregator, seed: in
         # no discrete Laplace event, and its continuous Laplace curve would understate it).
         ledger.record("discrete_laplace_count", accounting.PureDpEvent(count_epsilon),
                       epsilon=count_epsilon, sensitivity=1, noise="discrete Laplace")
-        noisy = aggregator.count() + int(mechanisms.discrete_laplace(
+        noisy = (exact_count or aggregator.count)() + int(mechanisms.discrete_laplace(
             mechanisms.secure_generator(seed, mechanisms.STREAM_COUNT), scale, ()))
         source = "private estimate: discrete Laplace count"
     else:
         ledger.record("laplace_count", accounting.laplace_count_event(count_epsilon),
                       epsilon=count_epsilon, sensitivity=1, noise="float Laplace")
-        noisy = aggregator.count() + mechanisms.laplace_noise(
+        noisy = (exact_count or aggregator.count)() + mechanisms.laplace_noise(
             mechanisms.rng(seed, mechanisms.STREAM_COUNT), scale)
         source = "private estimate: Laplace count"
     return {"source": source, "value": max(1, int(round(noisy))),
@@ -500,7 +526,8 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
           clip_norm_from: Callable[[dict], float] | None = None,
           checkpoint_key: dict | None = None,
           initial_theta: np.ndarray | None = None,
-          make_step_scale: Callable[[dict, dict], "ColumnStepScale"] | None = None) -> TrainResult:
+          make_step_scale: Callable[[dict, dict], "ColumnStepScale"] | None = None,
+          user_bounding: "user_level.UserBounding | None" = None) -> TrainResult:
     """Trains a GLM with DP-SGD or DP-GD over ``dim`` model features, from ``initial_theta``
     (a released model's coefficients: public) or zeros.
 
@@ -511,6 +538,12 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
     composition of everything in the ledger and all the steps meets (epsilon, delta).
     ``on_progress(steps_done, steps_total, epsilon_so_far)`` is called after every chunk; the
     epsilon there is the ledger's, never a data statistic.
+
+    ``user_bounding`` (user-level privacy, full batch only: the aggregator's blocks are grouped
+    by user and bounded to K rows each, ``user_level.group_by_user``): n is then the number of
+    USERS (public ``num_examples``, or a noisy count of them, sensitivity 1 per user), so the
+    normalizer is max(noisy users, floor) and each update the mean over users of their clipped
+    sums, at most C in norm as in a row-level run; the steps are ``UserGradientStep``s.
     """
     config.validate()
     public_config = {k: v for k, v in dataclasses.asdict(config).items() if k != "steps_per_chunk"}
@@ -528,7 +561,15 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
                 raise ValueError(f"the warm-start model has coefficients of shape "
                                  f"{np.shape(initial_theta)}, this run {state.theta.shape}")
             state.theta = np.array(initial_theta, dtype=np.float64)
-        dataset_size = release_dataset_size(config, aggregator, seed, ledger)
+        if user_bounding is not None:
+            if config.algorithm != "dpgd" or config.noise != "float":
+                raise ValueError("user-level privacy is built for dpgd with float noise")
+            dataset_size = release_dataset_size(
+                config, aggregator, seed, ledger,
+                lambda: aggregator.run_stages([user_level.DistinctUsersStage()], None))
+            dataset_size["unit"] = "users"
+        else:
+            dataset_size = release_dataset_size(config, aggregator, seed, ledger)
         preprocessing = preprocess(dataset_size["value"]) if preprocess else {}
         plan = _plan(config, dataset_size, ledger, dim)
         plan.update(preprocessing=preprocessing, releases=[
@@ -567,7 +608,8 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
                                  **step_params)
     ledger.admit(planned)   # the steps are recorded after each chunk: admitted before the first
 
-    step_fn = NoisyGradientStep(
+    step_class = UserGradientStep if user_bounding is not None else NoisyGradientStep
+    step_fn = step_class(
         loss=loss, clip_norm=clip_norm, noise_std=sigma * clip_norm,
         normalizer=plan["normalizer"], learning_rate=config.learning_rate,
         sampler=PoissonSampler(q, sampling_seed(seed)), seed=seed, shape=state.theta.shape,
@@ -591,7 +633,8 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
     theta = state.averaged() if config.averaging() else state.theta
     return TrainResult(theta, ledger, sigma, q, total_steps, clip_norm, plan["dataset_size"],
                        plan["preprocessing"], sampling="Poisson" if q < 1 else "full batch",
-                       expected_batch_size=plan["normalizer"])
+                       expected_batch_size=plan["normalizer"],
+                       privacy_unit=user_bounding.describe() if user_bounding is not None else None)
 
 
 
@@ -757,7 +800,11 @@ def _train_noisy(name: str, options, problem: Problem, aggregator, seed: int, le
         options = dataclasses.replace(options, learning_rate=(
             _SQUARED_CURVATURE_STEP if problem.loss.name in ("linear", "huber") else 1.0))
     # Sparse (categorical) input: float noise, since the exact sums quantize dense rows.
-    config = core_config(name, options, problem, exclude=("feature_norm",), secure=not problem.sparse)
+    bounding = problem.privacy_unit
+    if bounding is not None:
+        _check_user_level(options, problem)
+    config = core_config(name, options, problem, exclude=("feature_norm",),
+                         secure=not problem.sparse and bounding is None)
     if getattr(options, "gradient_estimator", "gaussian") == "projection":
         if config.noise == "secure":
             raise ValueError("--gradient-estimator projection post-processes float noise; "
@@ -782,12 +829,31 @@ def _train_noisy(name: str, options, problem: Problem, aggregator, seed: int, le
                    problem.checkpoint_dir, preprocess=preprocess, make_transform=make_transform,
                    checkpoint_key={"input": problem.source, "seed_fixed": problem.seed_fixed,
                                    "scale_features": options.scale_features,
-                                   "scale_epsilon": options.scale_epsilon},
-                   initial_theta=problem.initial_theta, make_step_scale=make_step_scale)
+                                   "scale_epsilon": options.scale_epsilon,
+                                   **({"privacy_unit": dataclasses.asdict(bounding)}
+                                      if bounding is not None else {})},
+                   initial_theta=problem.initial_theta, make_step_scale=make_step_scale,
+                   user_bounding=bounding)
     applied = make_transform(result.preprocessing) if make_transform else None
     theta = applied.unscale_label(result.theta) if isinstance(applied, features.ScaleColumns) \
         else result.theta
     return dataclasses.replace(result, theta=theta, feature_transform=features.spec(applied))
+
+
+def _check_user_level(options, problem: Problem) -> None:
+    """What user-level privacy does not cover yet, refused by name: secure noise (its exact sums
+    quantize rows, not users' sums), and the private preprocessing (its statistics bound one
+    row, not one user)."""
+    if problem.privacy.noise == "secure":
+        raise ValueError("--privacy-unit-column has float noise only (the secure noise's exact "
+                         "sums are per row); use --noise float or leave --noise out")
+    if getattr(options, "scale_features", "none") == "private":
+        raise ValueError("--scale-features private bounds one row's influence, not one user's: "
+                         "it is not available with --privacy-unit-column (declared bounds are; "
+                         "the default auto then scales only the declared columns)")
+    if getattr(options, "precondition", "none") == "counts":
+        raise ValueError("--precondition counts bounds one row's influence, not one user's: it is "
+                         "not available with --privacy-unit-column")
 
 
 SCALE_QUANTILES = (0.02, 0.98)
@@ -835,6 +901,8 @@ def _column_scaling(options, problem: Problem, aggregator, seed: int, ledger):
 
     Returns (preprocess, make_transform), or (None, None) when nothing is scaled."""
     choice = options.scale_features
+    if problem.privacy_unit is not None and choice == "auto":
+        choice = "none"   # the quantiles bound one row's influence, not one user's: declared only
     declared = problem.source.get("bounds") or {"columns": [], "label": None}
     if problem.sparse or options.feature_norm:
         if choice == "private":
@@ -1001,7 +1069,8 @@ def _train_dpsgd(options, problem, aggregator, seed, ledger, progress):
 DPGD = Algorithm(
     "dpgd", "classification or regression on up to a few million rows: full-batch noisy "
             "gradient descent; accurate at small epsilon, each step reads all the data",
-    MODEL_NAMES, DpgdOptions, _train_dpgd, warm_start=True, secure_noise=True, sparse_input=True)
+    MODEL_NAMES, DpgdOptions, _train_dpgd, warm_start=True, secure_noise=True, sparse_input=True,
+    user_level=True)
 DPSGD = Algorithm(
     "dpsgd", "large data where a full pass per step is too slow: Poisson-sampled mini-batches, "
              "each step reads only its batch; needs more tuning than dpgd",

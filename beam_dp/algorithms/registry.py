@@ -187,6 +187,9 @@ class Problem:
     # Categorical columns encoded into CSR blocks (``beam_dp.categorical``): a public fact of the
     # request (the declared columns), never of the values.
     sparse: bool = False
+    # User-level privacy (``beam_dp.user_level.UserBounding``: the unit's column and the rows
+    # kept per user); the aggregator's blocks are then grouped by user. None: a row is the unit.
+    privacy_unit: "object | None" = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,6 +209,7 @@ class Algorithm:
     # (privacy) -> None: refuses a privacy request the algorithm cannot serve (e.g. a mechanism
     # proven only for float noise under replace-one), before any data is read; None: any.
     check_privacy: Callable | None = None
+    user_level: bool = False      # supports --privacy-unit-column (add/remove one user)
 
     def check(self, problem: Problem) -> None:
         """Refuses a problem this algorithm cannot solve, with a message naming the choice."""
@@ -225,9 +229,23 @@ class Algorithm:
             raise ValueError("secure noise needs dense features (its exact sums quantize dense "
                              "rows); with --categorical-columns use --noise float (the default "
                              "then)")
+        if problem.privacy_unit is not None:
+            self.check_user_level()
+            if self.relation != accounting.ADD_REMOVE:
+                raise ValueError("--privacy-unit-column is an add/remove relation (one user)")
+            if problem.sparse:
+                raise ValueError("--privacy-unit-column needs dense features (no "
+                                 "--categorical-columns yet)")
         if problem.privacy.noise == "secure" and not self.secure_noise:
             raise ValueError(f"{self.name} has no secure noise yet (its releases add numpy's float "
                              "noise); use --noise float")
+
+    def check_user_level(self) -> None:
+        """Refuses --privacy-unit-column where the algorithm has no user-level bounding."""
+        if not self.user_level:
+            takers = ", ".join(a.name for a in algorithms().values() if a.user_level)
+            raise ValueError(f"{self.name} has no user-level privacy yet; with "
+                             f"--privacy-unit-column use: {takers}")
 
     def check_request(self, loss: GlmLoss, privacy: Privacy, options) -> None:
         """Refuses a request this algorithm cannot serve that is known before any data is read

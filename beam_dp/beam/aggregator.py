@@ -43,6 +43,7 @@ from beam_dp.beam.batches import WriteStepBatches
 from beam_dp.beam.cache import ShardCache
 from beam_dp.beam.transforms import (FILE_OPENS, METRICS_NAMESPACE, ReadShards, RunStages,
                                      ShardReader, StateFile, _position, open_file)
+from beam_dp.beam.transforms import GroupUsers
 from beam_dp.data import DataError
 
 # Dataflow refuses a job whose graph is over 10 MB; steps per job are chosen so that the
@@ -180,11 +181,17 @@ class BeamAggregator:
 
     def __init__(self, files, label_column, feature_columns, loss, batch_rows,
                  pipeline_args: list[str], work_dir: str | None = None,
-                 make_runner: Callable[[], object] | None = None, encoding=None):
+                 make_runner: Callable[[], object] | None = None, encoding=None,
+                 user_bounding=None):
         _quiet_worker_input_errors()
         self.files = list(files)
         self.dim = encoding.dim if encoding is not None else len(feature_columns)
-        self.reader = ShardReader(label_column, feature_columns, loss, batch_rows, encoding)
+        # User-level privacy (``beam_dp.user_level.UserBounding``): every job groups the rows
+        # by user (``GroupUsers``) before its stages; None: the stages run over the shards.
+        self.user_bounding = user_bounding
+        self.batch_rows = batch_rows
+        self.reader = ShardReader(label_column, feature_columns, loss, batch_rows, encoding,
+                                  user_bounding.column if user_bounding is not None else None)
         self.shards = data.plan_shards(self.files, batch_rows, open_file)
         self.cache = Shared()   # the handle of this run's worker caches
         self.pipeline_args = list(pipeline_args)
@@ -235,6 +242,15 @@ class BeamAggregator:
 
     def stages_pipeline(self, stages: Sequence[Stage], state, path: str) -> beam.Pipeline:
         p = self._pipeline()
+        if self.user_bounding is not None:
+            # One shuffle per job: a bucket per shard (at least 2) spreads the users' blocks
+            # over the workers; the steps then read the grouped blocks, not the shards.
+            buckets = max(2, len(self.shards))
+            (p | "ReadShards" >> ReadShards(self.shards)
+               | "GroupUsers" >> GroupUsers(self.reader, self.user_bounding, buckets, self.batch_rows)
+               | "Stages" >> RunStages(stages, state)
+               | "SaveState" >> beam.Map(_write_pickle, path))
+            return p
         (p | "ReadShards" >> ReadShards(self.shards)
            | "Stages" >> RunStages(stages, state, self.reader, self.cache,
                                    min(_position(s) for s in self.shards) if self.shards else None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import apache_beam as beam
+import numpy as np
 import pyarrow as pa
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
@@ -13,7 +14,7 @@ from apache_beam.utils.shared import Shared
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
-from beam_dp import data
+from beam_dp import data, user_level
 from beam_dp.algorithms.base import zero_sum
 from beam_dp.beam.cache import ShardCache
 from beam_dp.losses import GlmLoss
@@ -36,13 +37,59 @@ class ShardReader:
     file opens in a Beam metric."""
 
     def __init__(self, label_column: str | None, feature_columns: Sequence[str], loss: GlmLoss,
-                 batch_rows: int = data.DEFAULT_BATCH_ROWS, encoding=None):
+                 batch_rows: int = data.DEFAULT_BATCH_ROWS, encoding=None,
+                 user_column: str | None = None):
         self.args = (label_column, list(feature_columns), loss, batch_rows)
         self.encoding = encoding
+        self.user_column = user_column   # user-level privacy: read each row's user key
 
     def __call__(self, shard: data.Shard) -> list[data.Block]:
         Metrics.counter(METRICS_NAMESPACE, FILE_OPENS).inc()
-        return list(data.blocks_from_shard(shard, *self.args, open_file, self.encoding))
+        return list(data.blocks_from_shard(shard, *self.args, open_file, self.encoding,
+                                           getattr(self, "user_column", None)))
+
+
+def _user_buckets(block: data.Block, buckets: int):
+    """(bucket, rows) pairs: the block's rows split by a hash bucket of their user key, so that
+    a GroupByKey on the bucket brings every row of a user to one place."""
+    tags = (block.users % np.uint64(buckets)).astype(np.int64)
+    for part in block.parts(tags):
+        yield part.tag, part
+
+
+class _BoundUsers:
+    """A bucket's rows, every user's bounded to K rows and kept in one block
+    (``user_level.group_by_user``: the numpy core the in-process path uses too)."""
+
+    def __init__(self, max_rows: int, batch_rows: int):
+        self.max_rows, self.batch_rows = max_rows, batch_rows
+
+    def __call__(self, keyed):
+        bucket, parts = keyed
+        # The bucket's parts sorted by where they were read, so the blocks are the same
+        # whatever order the shuffle delivered them in (the user sort makes them so anyway).
+        parts = sorted(parts, key=lambda b: (b.source, b.row_start))
+        return user_level.group_by_user(parts, self.max_rows, self.batch_rows,
+                                        source=f"users/{bucket}")
+
+
+class GroupUsers(beam.PTransform):
+    """Shards in, blocks grouped by user out (user-level privacy): each row keyed by a hash
+    bucket of its user, one GroupByKey, and each bucket's users bounded (at most K rows each)
+    and cut into blocks at user boundaries. Once per job: the steps then sum per user within
+    a block, before the per-user clipping."""
+
+    def __init__(self, reader: ShardReader, bounding, buckets: int, batch_rows: int):
+        super().__init__()
+        self.reader, self.bounding = reader, bounding
+        self.buckets, self.batch_rows = buckets, batch_rows
+
+    def expand(self, shards):
+        return (shards
+                | "ReadRows" >> beam.FlatMap(self.reader)
+                | "UserBuckets" >> beam.FlatMap(_user_buckets, self.buckets)
+                | "GroupByUser" >> beam.GroupByKey()
+                | "BoundUsers" >> beam.FlatMap(_BoundUsers(self.bounding.max_rows, self.batch_rows)))
 
 
 class ReadShards(beam.PTransform):

@@ -1,0 +1,244 @@
+"""User-level privacy (``--privacy-unit-column``): the numpy core, shared by the in-process and
+the Beam paths (no Beam import).
+
+The neighbouring relation is "add or remove one user with all their rows"
+(``accounting.USER_ADD_REMOVE``). Each user's influence on every release is bounded in two steps,
+as PipelineDP bounds contributions per privacy unit:
+
+1. **Rows per user** (``bound_rows``): a user keeps at most K rows (``--max-rows-per-user``):
+   the K of smallest priority, a keyed hash of the user's key and the row's own content
+   (``row_priorities``). So which rows a user keeps is a function of that user's rows only:
+   adding or removing another user, or reordering the input, never changes it (a rule by row
+   position would: positions shift when another user's rows are removed).
+2. **Gradient per user** (``user_clipped_gradient_sum``): each step sums a user's per-row-clipped
+   gradients over the kept rows, then clips that sum to C in l2. One user then adds at most C
+   to a step's sum, whatever their number of rows, so the Gaussian noise calibrated to
+   sensitivity C (``noisy_gd``) holds for the user-level relation with the same DpEvents.
+
+K does not enter the sensitivity (the user's sum is clipped to C either way); it bounds the
+work per user and how far a heavy user's gradient can be dominated by their own many rows.
+
+Users are grouped so that no user's rows are split over two blocks (``group_by_user``): a
+block's per-user sums are then the users' whole sums, and the blocks' clipped sums add up.
+In-process the grouping is one sort; on Beam a GroupByKey on a hash bucket of the user key
+(``beam_dp.beam.aggregator``), once per job.
+
+User keys are 64-bit keyed hashes of the column's values as text (``user_keys``), so that a
+Parquet integer 7 and a CSV "7" are the same user. Two users whose keys collide are bounded
+together (their joint sum clipped to C): for U users that happens with probability below
+U^2 / 2^65 (1e-5 at 10^7 users), which the report states.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from beam_dp import clipping
+from beam_dp import losses as losses_mod
+
+# --max-rows-per-user's default. K changes no noise (the user's sum is clipped to C whatever
+# K), only the data kept: large enough that typical users keep everything (PipelineDP's
+# examples cap contributions at a few to tens per unit), small enough that a user with
+# millions of rows costs a step K rows of work, not millions.
+DEFAULT_MAX_ROWS_PER_USER = 64
+# The public key of the kept-rows hash and of the user keys (the rule needs no secret: it
+# depends on the user's own rows only). Fixed, so every runner and every run keeps the same rows.
+_USER_HASH_KEY = "beam-dp-user-key"    # pandas' siphash key: 16 characters
+_PRIORITY_KEY = np.uint64(0x9E3779B97F4A7C15)
+
+
+@dataclasses.dataclass(frozen=True)
+class UserBounding:
+    """The public contribution bounds of a user-level run (picklable: it travels to Beam)."""
+
+    column: str                 # the privacy unit's column (its name only, never a value)
+    max_rows: int = DEFAULT_MAX_ROWS_PER_USER
+
+    def describe(self) -> dict:
+        return {"column": self.column, "max_rows_per_user": self.max_rows,
+                "rows_kept": "the max_rows_per_user rows of smallest keyed hash of (user, row "
+                             "content): a function of the user's own rows only",
+                "per_user_clipping": "each step's gradient summed over a user's kept rows "
+                                     "(each row clipped to C), then clipped to C",
+                "key_collisions": "users are keyed by a 64-bit hash: two users sharing a key "
+                                  "(probability below users^2 / 2^65) are bounded together"}
+
+
+# ------------------------------------------------------------------------------ keys
+
+
+def first_missing_key(column: pa.Array) -> int | None:
+    """The index of the first row without a user (null, or an empty CSV cell), else None."""
+    absent = pc.is_null(column)
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        # (Kleene: a null's length is null, and null or true is true; plain ``or`` gives null.)
+        absent = pc.fill_null(pc.or_kleene(absent, pc.equal(pc.utf8_length(column), 0)), True)
+    absent = np.asarray(absent.to_numpy(zero_copy_only=False), dtype=bool)
+    found = np.flatnonzero(absent)
+    return int(found[0]) if found.size else None
+
+
+def user_keys(column: pa.Array) -> np.ndarray:
+    """64-bit keys (uint64) of a column's values, as text: one vectorized hash, no row loop."""
+    from pandas.util import hash_array   # (pandas: a dependency of apache-beam)
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        column = pc.cast(column, pa.string())
+    values = np.asarray(column.to_numpy(zero_copy_only=False), dtype=object)
+    return hash_array(values, hash_key=_USER_HASH_KEY, categorize=True).astype(np.uint64)
+
+
+def _mix(h: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer (wrapping uint64 arithmetic), vectorized."""
+    h = h ^ (h >> np.uint64(30))
+    h = h * np.uint64(0xBF58476D1CE4E5B9)
+    h = h ^ (h >> np.uint64(27))
+    h = h * np.uint64(0x94D049BB133111EB)
+    return h ^ (h >> np.uint64(31))
+
+
+def row_priorities(block) -> np.ndarray:
+    """A keyed hash of (user key, the row's features and label) per row: the kept-rows order.
+    A loop over the columns, not the rows."""
+    with np.errstate(over="ignore"):
+        h = _mix(np.asarray(block.users, np.uint64) ^ _PRIORITY_KEY)
+        features = np.ascontiguousarray(block.features, dtype=np.float64)
+        for j in range(features.shape[1]):
+            h = _mix(h ^ features[:, j].view(np.uint64))
+        labels = np.ascontiguousarray(block.labels, dtype=np.float64)
+        return _mix(h ^ labels.view(np.uint64))
+
+
+# ------------------------------------------------------------------------------ bounding and grouping
+
+
+def _concat(blocks):
+    from beam_dp.data import Block
+    blocks = [b for b in blocks if len(b)]
+    if any(b.users is None for b in blocks):
+        raise ValueError("user-level privacy needs every row's user (Block.users)")
+    if any(b.sparse for b in blocks):
+        raise ValueError("user-level privacy needs dense features")
+    if not blocks:
+        return None
+    return Block(np.concatenate([b.features for b in blocks]),
+                 np.concatenate([b.labels for b in blocks]), blocks[0].source, 0,
+                 np.concatenate([b.sq_norms for b in blocks]),
+                 users=np.concatenate([b.users for b in blocks]))
+
+
+def bound_rows(block, max_rows: int):
+    """The block's rows with at most ``max_rows`` per user (the smallest ``row_priorities``),
+    sorted by user key then priority."""
+    priorities = row_priorities(block)
+    order = np.lexsort((priorities, block.users))
+    users = block.users[order]
+    starts = np.flatnonzero(np.r_[True, users[1:] != users[:-1]])
+    # The rank of each sorted row within its user: position minus its user's first position.
+    rank = np.arange(len(order)) - np.repeat(starts, np.diff(np.r_[starts, len(order)]))
+    return block.take(order[rank < max_rows])
+
+
+def group_by_user(blocks, max_rows: int, batch_rows: int, source: str = "users") -> list:
+    """Every user's rows bounded (``bound_rows``) and gathered so that no user spans two blocks:
+    blocks of about ``batch_rows`` rows cut at user boundaries, sorted by user key. Their
+    ``source`` and ``row_start`` name them uniquely and reproducibly (Beam orders sums by them)."""
+    whole = _concat(blocks)
+    if whole is None:
+        return []
+    bounded = bound_rows(whole, max_rows)
+    users = bounded.users
+    starts = np.flatnonzero(np.r_[True, users[1:] != users[:-1]])
+    out, first = [], 0
+    # Cuts at the first user start at or after each multiple of batch_rows.
+    found = np.searchsorted(starts, np.arange(batch_rows, len(users), batch_rows))
+    cuts = np.unique(starts[found[found < len(starts)]])
+    for cut in [*cuts.tolist(), len(users)]:
+        if cut > first:
+            part = bounded.take(np.arange(first, cut))
+            part.source, part.row_start = source, first
+            out.append(part)
+            first = cut
+    return out
+
+
+def user_starts(users: np.ndarray) -> np.ndarray:
+    """Where each user's run of rows begins in rows sorted (grouped) by user."""
+    if len(users) == 0:
+        return np.zeros(0, dtype=np.int64)
+    return np.flatnonzero(np.r_[True, users[1:] != users[:-1]])
+
+
+def distinct_users(block) -> int:
+    """Users in a block grouped by user (``group_by_user``)."""
+    return int(len(user_starts(block.users)))
+
+
+# ------------------------------------------------------------------------------ the gradient
+
+
+def per_user_sums(per_row: np.ndarray, users: np.ndarray) -> np.ndarray:
+    """Row vectors (m, p) summed per user (rows grouped by user): (users, p)."""
+    starts = user_starts(users)
+    if starts.size == 0:
+        return np.zeros((0, per_row.shape[1]))
+    return np.add.reduceat(per_row, starts, axis=0)
+
+
+def clip_rows(v: np.ndarray, clip_norm: float) -> np.ndarray:
+    """Each row scaled to l2 norm at most ``clip_norm``; a row that is not finite counts zero."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        norms = np.sqrt(np.einsum("ij,ij->i", v, v))
+        factors = clipping.clip_factors(norms, clip_norm)
+    factors[~np.isfinite(v).all(axis=1)] = 0.0
+    return np.where(factors[:, None] > 0, v * factors[:, None], 0.0)
+
+
+def per_row_clipped_gradients(theta: np.ndarray, features: np.ndarray, sq_norms: np.ndarray,
+                              labels: np.ndarray, loss: losses_mod.GlmLoss, clip_norm: float,
+                              fit_intercept: bool) -> np.ndarray:
+    """(m, k (d + 1)): each row's gradient derivative (outer) (x, 1), clipped to ``clip_norm``
+    (``clipping.clip_factors`` of ``clipping.gradient_norms``: a row whose norm is not finite
+    counts zero)."""
+    with np.errstate(all="ignore"):
+        derivative = loss.derivative(losses_mod.scores(theta, features), labels)
+        factors = clipping.clip_factors(
+            clipping.gradient_norms(derivative, sq_norms, fit_intercept), clip_norm)
+        weighted = np.where(factors[:, None] > 0, derivative * factors[:, None], 0.0)   # (m, k)
+        m, d = features.shape
+        augmented = np.empty((m, d + 1))
+        augmented[:, :d] = features
+        augmented[:, d] = float(fit_intercept)
+        rows = (weighted[:, :, None] * augmented[:, None, :]).reshape(m, -1)
+    rows[~np.isfinite(rows).all(axis=1)] = 0.0
+    return rows
+
+
+def user_clipped_gradient_sum(theta: np.ndarray, block, loss: losses_mod.GlmLoss,
+                              clip_norm: float, fit_intercept: bool = True,
+                              users: np.ndarray | None = None) -> np.ndarray:
+    """The sum over the block's users of their summed per-row-clipped gradients, each user's
+    sum clipped to ``clip_norm``: shaped like theta; one user adds at most ``clip_norm`` in
+    norm. The block's rows must be grouped by user (``group_by_user``)."""
+    users = block.users if users is None else users
+    if len(block) == 0:
+        return np.zeros_like(theta)
+    rows = per_row_clipped_gradients(theta, np.asarray(block.features, np.float64),
+                                     block.sq_norms, block.labels, loss, clip_norm, fit_intercept)
+    per_user = clip_rows(per_user_sums(rows, users), clip_norm)
+    return per_user.sum(axis=0).reshape(theta.shape)
+
+
+class DistinctUsersStage:
+    """A stage (``beam_dp.algorithms.base``) whose sum is the exact number of users of blocks
+    grouped by user; ``apply`` returns it (the driver adds the noise)."""
+
+    shape = ()
+
+    def partial_sum(self, block, state) -> np.ndarray:
+        return np.asarray(distinct_users(block), dtype=np.int64)
+
+    def apply(self, state, total) -> int:
+        return int(total)
