@@ -496,6 +496,54 @@ class ClippedMeanStage:
 
 
 @dataclasses.dataclass(frozen=True)
+class SecondMomentStage:
+    """Gaussian estimate of the second-moment matrix E[z z^T] of z = (x, 1) (the intercept's 1
+    included), every z first shrunk to the L2 ball of ``radius`` (a number or an earlier
+    release's name in the state). One row moves the upper triangle (diagonal included) of
+    sum z z^T by at most ||z||^2 <= radius^2 in L2 norm (add/remove), so Gaussian noise of std
+    noise_multiplier * radius^2 goes on each upper entry; the matrix is then made symmetric and
+    divided by the released n. Writes ``state[key]``, (d + 1, d + 1). Float noise."""
+
+    key: str
+    columns: int            # d
+    radius: object
+    noise_multiplier: float
+    seed: int
+    stream: tuple = (0,)
+    transform: Callable | None = None   # a per-example feature map applied first
+
+    @property
+    def shape(self):
+        return (self.columns + 1, self.columns + 1)
+
+    def _radius(self, state) -> float:
+        r = state[self.radius] if isinstance(self.radius, str) else self.radius
+        return float(np.asarray(r).reshape(-1)[0])
+
+    def partial_sum(self, block, state):
+        if self.transform is not None:
+            block = self.transform(block)
+        z = np.column_stack([np.asarray(block.features, dtype=np.float64), np.ones(len(block))])
+        clipped, _ = clipping.scale_rows(z, self._radius(state), only_shrink=True)
+        return clipped.T @ clipped
+
+    def apply(self, state, total):
+        radius = self._radius(state)
+        upper = np.triu_indices(self.columns + 1)
+        noisy = np.zeros(self.shape)
+        noisy[upper] = np.asarray(total)[upper] + mechanisms.gaussian_noise(
+            _rng(self), len(upper[0]), self.noise_multiplier * radius ** 2)
+        noisy = noisy + np.triu(noisy, 1).T
+        return {**state, self.key: noisy / max(float(state["n"]), 1.0)}
+
+    def releases(self):
+        return [("gaussian_second_moment_matrix", events.GaussianDpEvent(self.noise_multiplier), 1,
+                 {"noise_multiplier": self.noise_multiplier,
+                  "sensitivity": "radius^2 (the upper triangle of z z^T, z = (x, 1) clipped to "
+                                 "the radius)", "noise": "float Gaussian (numpy)"})]
+
+
+@dataclasses.dataclass(frozen=True)
 class BoxMeanStage:
     """Per-column Gaussian means of values clipped to per-column bounds [lo, hi]: columns
     ``lo_index`` and ``hi_index`` of the released quantiles ``state[bounds_key]`` (columns, k).
