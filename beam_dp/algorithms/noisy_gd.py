@@ -8,6 +8,9 @@
   Clipping at C optimizes the Huberized loss of Lemma 5.1, which equals the original loss when
   C bounds every gradient.
 
+* ``dpsgd --adaptive-clip-quantile`` (Andrew et al. 2021): the clip norm follows a quantile of
+  the per-example gradient norms from a noisy count made in the same pass (``AdaptiveClipStep``).
+
 Both are one driver because DP-GD is DP-SGD with q = 1; a separate module would repeat it.
 
 Neighbouring relation: add/remove one example. Under it the dataset size is private, so n (for
@@ -309,10 +312,6 @@ class AdaptiveClipStep(NoisyGradientStep):
     @property
     def flat_size(self) -> int:
         return int(np.prod(self.shape)) + 1
-
-    @property
-    def batch_plan(self) -> PoissonPlan | None:
-        return PoissonPlan(self.sampler, self.normalizer) if self.sampler.rate < 1.0 else None
 
     def zero_sum(self):
         return np.zeros(self.flat_size)
