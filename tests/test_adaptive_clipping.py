@@ -203,3 +203,29 @@ def test_the_guard_lets_converging_runs_through():
                                   LocalAggregator(_blocks(x, y)), 0, accounting.Ledger(),
                                   private_step_size=private)
         assert np.all(np.isfinite(result.theta))
+
+
+def test_secure_second_moment_matrix_is_exact_and_bundling_free():
+    # --noise secure (the default): the shrunk rows on a power-of-two grid, an exact integer
+    # Gram matrix, discrete Gaussian noise of scale sigma L^2 grid units = sigma r^2 in data
+    # units. At sigma = 1e-3 the release is the clipped rows' second moment within 6 std of the
+    # noise (plus the grid's rounding, below 1e-9 here), and any split of the rows into blocks
+    # gives the same bits.
+    from beam_dp import stats
+    g = np.random.default_rng(5)
+    x = g.normal(0.0, 2.0, (2000, 3))
+    radius = 3.0
+    stage = stats.SecondMomentStage("h", 3, radius, 1e-3, 11, (0,), noise="secure")
+    whole = stage.partial_sum(Block(x, np.zeros(2000), "mem", 0), {})
+    parts = [stage.partial_sum(Block(x[a:b], np.zeros(b - a), "mem", a), {})
+             for a, b in ((0, 700), (700, 2000))]
+    assert parts[0] + parts[1] == whole
+    released = stage.apply({"n": 2000}, whole)["h"]
+    z = np.column_stack([x, np.ones(2000)])
+    norms = np.linalg.norm(z, axis=1)
+    z = z * np.minimum(1.0, radius / norms)[:, None]
+    exact = z.T @ z / 2000
+    np.testing.assert_allclose(released, exact, rtol=0, atol=6 * 1e-3 * radius ** 2 / 2000 + 1e-9)
+    np.testing.assert_array_equal(released, released.T)
+    (name, event, count, params), = stage.releases()
+    assert event == events.GaussianDpEvent(1e-3) and params["sampler_total_variation"] > 0

@@ -453,10 +453,7 @@ def private_curvature(config: NoisyGDConfig, a_config: AmbssgdConfig, dim: int, 
                                            else NOISE_MULTIPLIER_CURVATURE_EPSILON)
     if epsilon is not None and share >= epsilon / 2:
         raise ValueError("--curvature-epsilon is a share of --epsilon: keep it below half")
-    if config.noise == "secure":   # (the registered entry keeps a fixed step instead)
-        raise ValueError("dp-ambssgd's private step size adds float noise to its second-moment "
-                         "matrix: give --learning-rate, or --noise float")
-    noise = "float" if config.noise == "float" else "secure"   # the quantiles' sampler
+    noise = "float" if config.noise == "float" else "secure"   # None: secure by default
     transform, details = None, {}
     if a_config.standardize == "private":
         per_release = QUANTILE_SHARE * share / (dim * len(noisy_gd.SCALE_QUANTILES))
@@ -493,7 +490,14 @@ def private_curvature(config: NoisyGDConfig, a_config: AmbssgdConfig, dim: int, 
     first = QUANTILE_SHARE if transform is not None else NORM_QUANTILE_SHARE
     multiplier = stats.gaussian_noise_multiplier((1 - first) * share, config.delta / 2)
     moment = stats.SecondMomentStage("second_moment", dim, radius, multiplier,
-                                     stats.stages_seed(seed), (_CURVATURE_STREAM, 1), transform)
+                                     stats.stages_seed(seed), (_CURVATURE_STREAM, 1), transform,
+                                     noise=noise)
+    if noise == "secure":
+        try:
+            moment.secure_grid(radius)
+        except ValueError as why:   # the grid cannot hold this noise: float where it was a default
+            noisy_gd.float_instead(config.noise, noisy_gd.SecureNoiseUnavailable(str(why)), ledger)
+            moment = dataclasses.replace(moment, noise="float")
     stats.record_releases([moment], ledger)
     h = aggregator.run_stages([moment], {"n": n})["second_moment"]
     noise_norm = 3.0 * math.sqrt(dim + 1) * multiplier * radius ** 2 / max(n, 1)
@@ -516,8 +520,10 @@ def _secure_plan(config, sigma, sigma_stat, T, levels, dim, ledger, params) -> d
     # AmbssgdStep.count_scale and .gradient_scale).
     count_scale = math.ldexp(sigma_stat, secure["count_bits"])
     gradient_scale = sigma * 2.0 ** (clipping.GRID_FEATURE_BITS - 1 + secure["scale_bits"])
+    # (plus the secure releases before the pass: the private step size's second-moment matrix)
     variation = noisy_gd.draws_total_variation(
-        [(T * (levels + 1), count_scale), (T * (dim + 1), gradient_scale)])
+        [(T * (levels + 1), count_scale), (T * (dim + 1), gradient_scale)]) \
+        + noisy_gd.prior_total_variation(ledger)
     event = events.GaussianDpEvent(sigma)
     epsilon = config.epsilon if config.epsilon is not None else accounting.epsilon_of(
         ledger.event_after("dp_ambssgd_blocks_parallel_composition", event, 1, **params),
@@ -556,27 +562,9 @@ def _train_registered(options: AmbssgdConfig, problem: Problem, aggregator, seed
     config = core_config("dpsgd", options, problem, exclude=("learning_rate",), secure=True)
     if not private_step:
         config = dataclasses.replace(config, learning_rate=options.learning_rate)
-    elif config.noise == "secure":
-        # The second-moment matrix has no secure (exact, bit-identical) release yet: an explicit
-        # --noise secure keeps the fixed step size 1 (the paper's 1/||H|| for standardized
-        # features), said in the report; the divergence guard still applies.
-        private_step = False
-        if SECURE_FIXED_STEP_NOTE not in ledger.notes:
-            ledger.notes.append(SECURE_FIXED_STEP_NOTE)
-    elif config.noise is None:
-        # The step size's second-moment matrix has float noise; the steps keep secure noise.
-        if CURVATURE_FLOAT_NOTE not in ledger.notes:
-            ledger.notes.append(CURVATURE_FLOAT_NOTE)
     return train(config, options, problem.loss, problem.dim, aggregator, seed, ledger, progress,
                  private_step_size=private_step)
 
-
-SECURE_FIXED_STEP_NOTE = ("dp-ambssgd with --noise secure: the step size is the fixed 1 (standardized "
-                          "features assumed), as the private step size's second-moment matrix has "
-                          "float noise only; give --learning-rate to choose it")
-CURVATURE_FLOAT_NOTE = ("dp-ambssgd's private step size: its second-moment matrix adds numpy's "
-                        "float Gaussian noise (its norm quantile is sampled exactly, the blocks' "
-                        "releases keep secure noise); --learning-rate skips both releases")
 
 
 DP_AMBSSGD = Algorithm(
