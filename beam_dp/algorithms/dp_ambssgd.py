@@ -353,6 +353,12 @@ def train(config: NoisyGDConfig, a_config: AmbssgdConfig, loss: GlmLoss, dim: in
     learning_rate, feature_norm = config.learning_rate, a_config.expected_feature_norm
     curvature, transform = {}, None
     feature_bound = feature_norm or math.sqrt(dim)
+    if private_step_size and config.noise == "secure" and not secure_moment_fits(config, dim):
+        # An explicit --noise secure whose second-moment matrix's samplers would take too much
+        # of delta (many columns, large epsilon): the fixed step size, said in the report.
+        private_step_size = False
+        if SECURE_FIXED_STEP_NOTE not in ledger.notes:
+            ledger.notes.append(SECURE_FIXED_STEP_NOTE)
     if private_step_size:
         curvature, transform = private_curvature(config, a_config, dim, aggregator, seed, ledger, n)
         learning_rate = curvature["learning_rate"]
@@ -422,6 +428,20 @@ def train(config: NoisyGDConfig, a_config: AmbssgdConfig, loss: GlmLoss, dim: in
                         "expected_feature_norm": step.feature_norm,
                         "learning_rate": learning_rate,
                         **({"private_step_size": curvature} if curvature else {})})
+
+
+SECURE_FIXED_STEP_NOTE = ("dp-ambssgd with --noise secure: the private step size's secure "
+                          "second-moment matrix would take more than 1e-4 of delta at these settings "
+                          "(its draws grow with d^2), so the step size is the fixed "
+                          "--learning-rate default 1; --noise float gives the private one")
+
+
+def secure_moment_fits(config: NoisyGDConfig, dim: int) -> bool:
+    """Whether the secure second-moment matrix's sampler slack, (1 + e^eps) x its draws' total
+    variation, stays within 1e-4 delta (the run's secure releases together must stay within
+    1e-3 delta); with a noise multiplier (epsilon not yet known) at epsilon 10. Public."""
+    epsilon = config.epsilon if config.epsilon is not None else 10.0
+    return noisy_gd.secure_delta_bound(stats.secure_moment_variation(dim), epsilon) <= 1e-4 * config.delta
 
 
 def private_curvature(config: NoisyGDConfig, a_config: AmbssgdConfig, dim: int, aggregator,
@@ -495,7 +515,10 @@ def private_curvature(config: NoisyGDConfig, a_config: AmbssgdConfig, dim: int, 
     if noise == "secure":
         try:
             moment.secure_grid(radius)
-        except ValueError as why:   # the grid cannot hold this noise: float where it was a default
+            if not secure_moment_fits(config, dim):
+                raise ValueError("the second-moment matrix's samplers would take more than 1e-4 "
+                                 "of delta")
+        except ValueError as why:   # float where secure noise was only the default
             noisy_gd.float_instead(config.noise, noisy_gd.SecureNoiseUnavailable(str(why)), ledger)
             moment = dataclasses.replace(moment, noise="float")
     stats.record_releases([moment], ledger)
