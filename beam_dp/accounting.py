@@ -454,6 +454,40 @@ def _quick_self_compose(pld, num_times: int, tail_mass: float = 1e-15):
     return privacy_loss_distribution.PrivacyLossDistribution(remove, pmf_self_compose(pld._pmf_add))
 
 
+def merged_gaussians(event: events.DpEvent) -> events.DpEvent:
+    """``event`` with every ComposedDpEvent made only of GaussianDpEvents (directly or under a
+    PoissonSampledDpEvent) replaced by the single GaussianDpEvent it equals, else ``event``
+    itself (the same object).
+
+    Why it is exact: Gaussian releases of queries with sensitivities s_i and noise std
+    sigma_i s_i, released together, are one Gaussian mechanism on the vector of the queries each
+    divided by its noise std: its L2 sensitivity is sqrt(sum 1/sigma_i^2) and its noise std 1, so
+    the pair of output distributions on neighbours is the same as a Gaussian's of multiplier
+    (sum sigma_i^-2)^(-1/2), a function of the data that moves all queries at once included
+    (the worst case). Under Poisson sampling the whole vector is computed on the same sample,
+    so the subsampled composite is the subsampled Gaussian of that multiplier. dp_accounting's
+    PLD accountant refuses PoissonSampledDpEvent(ComposedDpEvent(...)) (its RDP accountant
+    composes it, and agrees: tests/test_adaptive_clipping.py); adaptive clipping's step (a
+    clipped gradient sum and a count of unclipped rows, noised together) is such an event."""
+    if isinstance(event, events.ComposedDpEvent):
+        parts = [merged_gaussians(e) for e in event.events]
+        if parts and all(isinstance(e, events.GaussianDpEvent) for e in parts):
+            multipliers = [e.noise_multiplier for e in parts]
+            if any(m == 0 for m in multipliers):
+                return events.GaussianDpEvent(0.0)
+            return events.GaussianDpEvent(sum(m ** -2 for m in multipliers) ** -0.5)
+        return event if all(a is b for a, b in zip(parts, event.events)) \
+            else events.ComposedDpEvent(parts)
+    if isinstance(event, events.PoissonSampledDpEvent):
+        inner = merged_gaussians(event.event)
+        return event if inner is event.event else events.PoissonSampledDpEvent(
+            event.sampling_probability, inner)
+    if isinstance(event, events.SelfComposedDpEvent):
+        inner = merged_gaussians(event.event)
+        return event if inner is event.event else events.SelfComposedDpEvent(inner, event.count)
+    return event
+
+
 class _EagerPLDAccountant(pld_privacy_accountant.PLDAccountant):
     """dp_accounting's PLD accountant with ``PureDpEvent`` and ``ApproxDpEvent``; builds the PLD
     as events come.
@@ -467,6 +501,13 @@ class _EagerPLDAccountant(pld_privacy_accountant.PLDAccountant):
         self._quick = quick
 
     def _maybe_compose(self, event, count, do_compose):
+        if (isinstance(event, events.PoissonSampledDpEvent)
+                and isinstance(event.event, events.ComposedDpEvent)):
+            # dp_accounting's PLD has no subsampled composed event (adaptive clipping's step);
+            # elsewhere events are composed as they come, as the library does.
+            merged = merged_gaussians(event)
+            if merged is not event:
+                return self._maybe_compose(merged, count, do_compose)
         if isinstance(event, (PureDpEvent, ApproxDpEvent)):
             if do_compose:
                 pld = privacy_loss_distribution.from_privacy_parameters(

@@ -280,6 +280,38 @@ def clipped_gradient_sum(theta: np.ndarray, features: np.ndarray, sq_norms: np.n
     return total
 
 
+def clipped_gradient_sum_and_count(theta: np.ndarray, features, sq_norms: np.ndarray,
+                                   labels: np.ndarray, loss: losses_mod.GlmLoss, clip_norm: float,
+                                   fit_intercept: bool = True) -> tuple[np.ndarray, int]:
+    """``clipped_gradient_sum`` and, from the same scores, the number of rows whose unclipped
+    gradient norm is at most ``clip_norm`` (adaptive clipping's count, Andrew et al. 2021; a
+    row whose norm is not representable counts as above). One pass: the scores are computed
+    once per cache-sized chunk for both."""
+    if sp.issparse(features):
+        with _quiet():
+            derivative = loss.derivative(losses_mod.scores(theta, features), labels)
+        below = int(np.count_nonzero(gradient_norms(derivative, sq_norms, fit_intercept) <= clip_norm))
+        return sparse_clipped_gradient_sum(theta, features, labels, loss, clip_norm,
+                                           fit_intercept), below
+    m, d = features.shape
+    if m == 0:
+        return np.zeros_like(theta), 0
+    rows = max(256, CHUNK_BYTES // (8 * (d + 1)))
+    total, below = None, 0
+    for start in range(0, m, rows):
+        chunk = slice(start, start + rows)
+        with _quiet():
+            derivative = loss.derivative(losses_mod.scores(theta, features[chunk]), labels[chunk])
+        part = clipped_outer_sums(derivative, features[chunk], sq_norms[chunk], [clip_norm],
+                                  fit_intercept)[0]
+        # (A squared norm that overflowed gives an infinite norm: above any clip norm, as the
+        # row's true norm is.)
+        below += int(np.count_nonzero(gradient_norms(derivative, sq_norms[chunk], fit_intercept)
+                                      <= clip_norm))
+        total = part if total is None else total + part
+    return total, below
+
+
 def sparse_clipped_gradient_sum(theta: np.ndarray, x, labels: np.ndarray, loss: losses_mod.GlmLoss,
                                 clip_norm: float, fit_intercept: bool = True) -> np.ndarray:
     """``clipped_gradient_sum`` of CSR rows, in O(nnz + d k): never densified.

@@ -511,6 +511,107 @@ class ClippedMeanStage:
 
 
 @dataclasses.dataclass(frozen=True)
+class SecondMomentStage:
+    """Gaussian estimate of the second-moment matrix E[z z^T] of z = (x, 1) (the intercept's 1
+    included), every z first shrunk to the L2 ball of ``radius`` (a number or an earlier
+    release's name in the state). One row moves the upper triangle (diagonal included) of
+    sum z z^T by at most ||z||^2 <= radius^2 in L2 norm (add/remove), so Gaussian noise of std
+    noise_multiplier * radius^2 goes on each upper entry; the matrix is then made symmetric and
+    divided by the released n. Writes ``state[key]``, (d + 1, d + 1).
+
+    Secure noise (``noise="secure"``): the shrunk rows are put on a power-of-two grid g as
+    integers p with ||p|| <= L = ``clipping.grid_row_bound(radius, g, d + 1)`` (certified by
+    ``clipping.grid_rows``), so sum p p^T is an exact integer matrix (``clipping.exact_gram``)
+    whose upper triangle moves by at most L^2 in L2 norm; discrete Gaussian noise of scale
+    sigma L^2 (g chosen so that it lies in [2^34, 2^36], plus the rounding's share) goes on each
+    upper entry, accounted as
+    the Gaussian plus the draws' total variation (``secure_moment_variation``)."""
+
+    key: str
+    columns: int            # d
+    radius: object
+    noise_multiplier: float
+    seed: int
+    stream: tuple = (0,)
+    transform: Callable | None = None   # a per-example feature map applied first
+    noise: str = "float"
+
+    @property
+    def shape(self):
+        return (self.columns + 1, self.columns + 1)
+
+    def zero_sum(self):
+        return clipping.ExactSum.zeros(self.shape) if self.noise == "secure" else np.zeros(self.shape)
+
+    def secure_grid(self, radius: float) -> tuple[float, float]:
+        """(g, L): the grid and the rows' certified norm bound in its units (class docstring)."""
+        target = math.sqrt(2.0 ** _MOMENT_SCALE_BITS / self.noise_multiplier)   # L wanted
+        grid = math.ldexp(1.0, clipping.grid_exponent(radius / target))
+        limit = clipping.grid_row_bound(radius, grid, self.columns + 1)
+        if not (limit <= 2.0 ** 24 and 2.0 ** 32 <= self.noise_multiplier * limit ** 2 <= 2.0 ** 48):
+            raise ValueError(f"noise multiplier {self.noise_multiplier:.3g} is outside what the "
+                             "secure second-moment matrix handles; use --noise float")
+        return grid, limit
+
+    def _radius(self, state) -> float:
+        r = state[self.radius] if isinstance(self.radius, str) else self.radius
+        return float(np.asarray(r).reshape(-1)[0])
+
+    def partial_sum(self, block, state):
+        if self.transform is not None:
+            block = self.transform(block)
+        z = np.column_stack([np.asarray(block.features, dtype=np.float64), np.ones(len(block))])
+        clipped, _ = clipping.scale_rows(z, self._radius(state), only_shrink=True)
+        if self.noise == "secure":
+            grid, limit = self.secure_grid(self._radius(state))
+            return clipping.exact_gram(clipping.grid_rows(clipped, grid, limit), limit)
+        return clipped.T @ clipped
+
+    def apply(self, state, total):
+        radius = self._radius(state)
+        upper = np.triu_indices(self.columns + 1)
+        noisy = np.zeros(self.shape)
+        if self.noise == "secure":
+            grid, limit = self.secure_grid(radius)
+            draws = np.zeros(self.shape, np.int64)
+            draws[upper] = mechanisms.discrete_gaussian(_rng(self), self.noise_multiplier * limit ** 2,
+                                                        len(upper[0]))
+            noisy[upper] = ((total + draws).to_float() * grid * grid)[upper]
+        else:
+            noisy[upper] = np.asarray(total)[upper] + mechanisms.gaussian_noise(
+                _rng(self), len(upper[0]), self.noise_multiplier * radius ** 2)
+        noisy = noisy + np.triu(noisy, 1).T
+        return {**state, self.key: noisy / max(float(state["n"]), 1.0)}
+
+    def releases(self):
+        params = {"noise_multiplier": self.noise_multiplier,
+                  "sensitivity": "radius^2 (the upper triangle of z z^T, z = (x, 1) clipped to "
+                                 "the radius)", "noise": "float Gaussian (numpy)"}
+        if self.noise == "secure":
+            params.update(sensitivity="L^2 in units of g^2, L the rows' certified norm on the "
+                                      "grid g (radius / g enlarged for the rounding)",
+                          noise=SECURE_MOMENT_NOISE,
+                          sampler_total_variation=secure_moment_variation(self.columns))
+        return [("gaussian_second_moment_matrix", events.GaussianDpEvent(self.noise_multiplier), 1,
+                 params)]
+
+
+# The secure second-moment matrix's noise scale sigma L^2 is aimed at 2^36; the power-of-two grid
+# puts it in (2^34, 2^36] (plus the rounding's share of L).
+_MOMENT_SCALE_BITS = 36
+SECURE_MOMENT_NOISE = ("discrete Gaussian on an exact integer Gram matrix (power-of-two grid; "
+                       "ChaCha20 randomness; accounted as the Gaussian plus the sampler's total "
+                       "variation)")
+
+
+def secure_moment_variation(columns: int) -> float:
+    """The total variation of the (d + 1)(d + 2) / 2 draws of a secure second-moment matrix
+    from the rounded Gaussians, at the smallest scale its grid allows (2^34, a margin below)."""
+    draws = (columns + 1) * (columns + 2) // 2
+    return draws * (1.0 / (48.0 * 2.0 ** 68) + _SAMPLER_TV)
+
+
+@dataclasses.dataclass(frozen=True)
 class BoxMeanStage:
     """Per-column Gaussian means of values clipped to per-column bounds [lo, hi]: columns
     ``lo_index`` and ``hi_index`` of the released quantiles ``state[bounds_key]`` (columns, k).

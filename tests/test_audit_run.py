@@ -23,6 +23,8 @@ CONFIGURATIONS["dpgd-secure"] = {"noise": "secure"}
 CONFIGURATIONS["dpsgd-secure"] = {"noise": "secure"}
 CONFIGURATIONS["dp-ambssgd-secure"] = {"noise": "secure"}
 CONFIGURATIONS["dpsgd-f-secure"] = {"noise": "secure"}
+# dpsgd's adaptive clipping: each step's sum at the released C_t and the noisy count below it.
+CONFIGURATIONS["dpsgd-adaptive"] = {"adaptive_clip_quantile": 0.5}
 # SSP's secure samplers' delta slack grows with the (d + m)^2 coordinates of its releases: with
 # 1000 canaries it passes the 1e-3 delta a run allows, so this audit uses 300 (whose bound cannot
 # pass about 4: the broken build is checked at epsilon 1 only).
@@ -80,7 +82,7 @@ NOT_CAUGHT_AT_A_TENTH["bias-reduced-sgd"] = (
 
 def _algorithm(configuration: str) -> str:
     return configuration.rsplit("-", 1)[0] if configuration.endswith(
-        ("-theory", "-secure", "-euclidean", "-p1.9")) else configuration
+        ("-theory", "-secure", "-euclidean", "-p1.9", "-adaptive")) else configuration
 
 
 def _refused_above_one(synthetic, configuration: str, epsilon: float) -> bool:

@@ -49,7 +49,7 @@ from typing import Callable
 import numpy as np
 from dp_accounting import dp_event as events
 
-from beam_dp import accounting, clipping, mechanisms
+from beam_dp import accounting, clipping, features, mechanisms, stats
 from beam_dp.algorithms import noisy_gd, registry
 from beam_dp.algorithms.base import TrainState, run_chunks
 from beam_dp.algorithms.noisy_gd import (NoisyGDConfig, TrainResult, core_config,
@@ -59,6 +59,35 @@ from beam_dp.data import Block
 from beam_dp.losses import GlmLoss, SquaredLoss, scores
 
 STAT, GRAD = 0, 1
+# The divergence guard: the run stops once ||theta|| R > DIVERGENCE_FACTOR B, B the residual bound
+# (the labels' scale the clip search allows) and R the feature bound (sqrt(d + 1) for privately
+# standardized rows, whose entries lie in [-1, 1]; the private norm quantile otherwise; R_x with
+# a fixed --learning-rate), i.e. once the model's predictions on rows within the
+# feature bound can pass 10 B. A step size too large for the curvature does not explode
+# geometrically here (every gradient is clipped) but swings with amplitude ~ eta R_x B: on
+# diamonds at eta = 1 the predictions reached 1e5-1e6 (RMSE 2e5-7e5, labels < 2e4). A converging
+# run's coefficients stay within a few B / R in the directions it can learn in T steps.
+DIVERGENCE_FACTOR = 10.0
+# The private step size eta = STEP_FACTOR / lambda_up (the paper's Theta(1/||H||), note §1.2):
+# 1 matches the old default on standardized features and is below the 2 / lambda_max at which
+# the full-gradient iteration diverges, with lambda_up an upper bound w.h.p.
+STEP_FACTOR = 1.0
+# The first release's share of the curvature budget: the 2d column quantiles take most of it
+# (the matrix's noise, std sigma r^2 / n per entry, matters little once r is sqrt(d + 1)); the
+# one norm quantile little, as there the matrix's noise (r^2 ~ E||x||^2) sets the step size:
+# measured on Ecdat Computers (n = 5,000 standardized rows, epsilon 1), 3/4 to the norm
+# quantile gave eta = 0.087 and R^2 0.537, a quarter eta = 0.24 and R^2 0.728 (medians of 3
+# seeds; the fixed step 1: 0.718).
+QUANTILE_SHARE = 0.75
+NORM_QUANTILE_SHARE = 0.25
+NOISE_MULTIPLIER_CURVATURE_EPSILON = 0.1   # the curvature's budget with --noise-multiplier
+NORM_QUANTILE = 0.98               # the second-moment matrix's clip radius: this norm quantile
+NORM_GRID = (1e-3, 1e9, 601)       # its candidates: 0 and a log grid, ~3.5% apart
+_CURVATURE_STREAM = 31
+
+
+class DivergenceError(ValueError):
+    """dp-ambssgd's iterate left the public bound (``AmbssgdStep.check_iterate``)."""
 
 
 @dataclasses.dataclass
@@ -68,14 +97,28 @@ class AmbssgdConfig:
                                               "(s / (b + s); the paper's s = b / 10)",
                                   low=0, low_open=True, high=0.5)
     expected_feature_norm: float | None = option(
-        None, "R_x: the clip norm is R_x times the private residual scale; default sqrt(d) "
-              "(standardized features)", low=0, low_open=True)
+        None, "R_x: the clip norm is R_x times the private residual scale; default the private "
+              "root mean square of ||(x, 1)|| from the step size's second-moment release, or "
+              "sqrt(d) (standardized features) with --learning-rate given", low=0, low_open=True)
     residual_bound: float = option(1e4, "B: the largest residual scale the clip search considers",
                                    low=0, low_open=True)
     failure_probability: float = option(0.01, "beta of the search's robust stopping rule",
                                         low=0, low_open=True, high=0.5)
-    learning_rate: float = option(1.0, "step size; 1 is the paper's 1/||H|| for standardized "
-                                       "features", low=0, low_open=True)
+    learning_rate: float | None = option(
+        None, "step size; default 1 / (a private upper bound on the largest eigenvalue of "
+              "H = E[(x, 1)(x, 1)^T]), the paper's 1/||H|| (1 for standardized features), from a "
+              "noisy second-moment matrix of the rows clipped to their private 98th-percentile "
+              "norm, --curvature-epsilon of the budget", low=0, low_open=True)
+    standardize: str = option(
+        "private", "with the private step size: 'private' maps each column onto [-1, 1] from "
+                   "its private 2nd-98th percentiles (of the curvature budget; recorded in "
+                   "model.json, applied again by predict; skipped where n is too small for the "
+                   "quantiles), so that one step size suits every direction; 'none': features "
+                   "as given", choices=("private", "none"))
+    curvature_epsilon: float | None = option(
+        None, "the budget of the private step size's releases (column or norm quantiles, three "
+              "quarters; a Gaussian second-moment matrix, the rest); default a tenth of epsilon",
+        low=0, low_open=True)
 
     def validate(self) -> None:
         registry.validate(self)
@@ -126,6 +169,25 @@ class AmbssgdStep:
     noise: str = "float"
     count_bits: int = 0         # secure: the counts' grid 2^-count_bits
     scale_bits: int = clipping.GRID_SCALE_BITS   # secure: the gradient sums' grids (U)
+    # The divergence guard (``check_iterate``): a public bound on the iterate's norm.
+    divergence_bound: float | None = None
+    transform: Callable | None = None   # per-example feature map (--standardize private)
+
+    def check_iterate(self, theta: np.ndarray, step: int) -> None:
+        """Stops a diverging run (a step size too large for the features' curvature) with a
+        clear error rather than writing its model: the iterate is a post-processing of noisy
+        releases, its bound public, and the message holds neither."""
+        if self.divergence_bound is None:
+            return
+        with np.errstate(over="ignore", invalid="ignore"):
+            size = float(np.linalg.norm(theta))
+        if not size <= self.divergence_bound:   # NaN and inf included
+            raise DivergenceError(
+                f"dp-ambssgd diverged at step {step + 1}: the coefficients' norm passed the "
+                f"public bound {self.divergence_bound:.3g} (DIVERGENCE_FACTOR x --residual-bound "
+                "/ the feature bound); "
+                "no model is written. Lower --learning-rate (or leave it to the private step "
+                "size) or standardize the features")
 
     def selected_sum(self, batch: Block, state: TrainState) -> np.ndarray:
         return self.partial_sum(batch, state)
@@ -162,6 +224,8 @@ class AmbssgdStep:
         level's exact clipped gradient sum in units of its grid."""
         if block.tag not in (2 * state.step + STAT, 2 * state.step + GRAD):
             return clipping.ExactSum.zeros(self.shape)
+        if self.transform is not None:
+            block = self.transform(block)
         q, shift, norms = clipping.block_quantized_rows(block, True)
         hi = np.zeros((self.levels + 1, self.dim + 2), dtype=np.int64)
         lo = np.zeros_like(hi)
@@ -195,6 +259,7 @@ class AmbssgdStep:
         noise = mechanisms.discrete_gaussian(g, self.gradient_scale(), self.dim + 1)
         noisy = (clipping.ExactSum(hi[level, 1:], lo[level, 1:]) + noise).to_float() * grid
         theta = state.theta - self.learning_rate / self.batch_size * noisy[None, :]
+        self.check_iterate(theta, state.step)
         in_tail = state.step >= self.tail_start
         return TrainState(theta, state.theta_sum + theta if in_tail else state.theta_sum, state.step + 1)
 
@@ -204,6 +269,8 @@ class AmbssgdStep:
         out = np.zeros((self.levels + 1, self.dim + 2))
         if block.tag not in (2 * state.step + STAT, 2 * state.step + GRAD):
             return out.ravel()
+        if self.transform is not None:
+            block = self.transform(block)
         # Scores are never NaN (losses.scores); a residual beyond the float range is +-inf,
         # silently: a huge feature value must not print a warning that reveals its row.
         with np.errstate(over="ignore"):
@@ -262,22 +329,41 @@ class AmbssgdStep:
                 break
         zeta = self.feature_norm * min(self.thresholds()[level], self.bound)
         noise = mechanisms.gaussian_noise(g, self.dim + 1, self.sigma_grad * zeta)
-        theta = state.theta - self.learning_rate / self.batch_size * (total[level, 1:] + noise)[None, :]
+        with np.errstate(over="ignore", invalid="ignore"):
+            theta = state.theta - self.learning_rate / self.batch_size * (total[level, 1:] + noise)[None, :]
+        self.check_iterate(theta, state.step)
         in_tail = state.step >= self.tail_start
         return TrainState(theta, state.theta_sum + theta if in_tail else state.theta_sum, state.step + 1)
 
 
 def train(config: NoisyGDConfig, a_config: AmbssgdConfig, loss: GlmLoss, dim: int, aggregator,
           seed: int, ledger: accounting.Ledger,
-          on_progress: Callable[[int, int, float], None] = lambda *a: None) -> TrainResult:
+          on_progress: Callable[[int, int, float], None] = lambda *a: None,
+          private_step_size: bool = False) -> TrainResult:
     """``config`` supplies epsilon / noise multiplier, delta, the accountant, the learning rate,
-    the dataset size and the count budget; ``a_config`` the DP-AMBSSGD knobs."""
+    the dataset size and the count budget; ``a_config`` the DP-AMBSSGD knobs. With
+    ``private_step_size`` (the registered algorithm's default) the learning rate, and R_x unless
+    given, come from ``private_curvature`` instead, budgeted in the same ledger before the pass."""
     if loss.name != "linear":
         raise ValueError("dp-ambssgd fits linear regression: use --model linear")
     config.validate()
     a_config.validate()
     dataset_size = release_dataset_size(config, aggregator, seed, ledger)
     n = dataset_size["value"]
+    learning_rate, feature_norm = config.learning_rate, a_config.expected_feature_norm
+    curvature, transform = {}, None
+    feature_bound = feature_norm or math.sqrt(dim)
+    if private_step_size and config.noise == "secure" and not secure_moment_fits(config, dim):
+        # An explicit --noise secure whose second-moment matrix's samplers would take too much
+        # of delta (many columns, large epsilon): the fixed step size, said in the report.
+        private_step_size = False
+        if SECURE_FIXED_STEP_NOTE not in ledger.notes:
+            ledger.notes.append(SECURE_FIXED_STEP_NOTE)
+    if private_step_size:
+        curvature, transform = private_curvature(config, a_config, dim, aggregator, seed, ledger, n)
+        learning_rate = curvature["learning_rate"]
+        feature_norm = feature_norm or curvature["root_mean_square_norm"]
+        feature_bound = curvature["feature_bound"]
     T = a_config.blocks
     stat_size = n * a_config.stat_fraction / T
     batch_size = n * (1.0 - a_config.stat_fraction) / T
@@ -288,7 +374,9 @@ def train(config: NoisyGDConfig, a_config: AmbssgdConfig, loss: GlmLoss, dim: in
     else:
         prior = ledger.event()
         if ledger.epsilon(config.delta) >= config.epsilon:
-            raise ValueError("the dataset-size count alone spends the budget; give --num-examples")
+            raise ValueError("the releases before the pass (the dataset-size count, the step "
+                             "size's curvature) spend the budget; give --num-examples or a "
+                             "smaller --curvature-epsilon")
         sigma = accounting.calibrate_noise_multiplier(
             lambda s: events.ComposedDpEvent([prior, events.GaussianDpEvent(s)]),
             config.epsilon, config.delta, config.accountant)
@@ -314,9 +402,11 @@ def train(config: NoisyGDConfig, a_config: AmbssgdConfig, loss: GlmLoss, dim: in
     size_slack = math.sqrt(2.0 * stat_size * math.log(T / a_config.failure_probability))
     step = AmbssgdStep(
         dim=dim, levels=levels, resolution=resolution, bound=a_config.residual_bound,
-        feature_norm=a_config.expected_feature_norm or math.sqrt(dim),
+        feature_norm=feature_norm or math.sqrt(dim),
         sigma_stat=sigma_stat, sigma_grad=sigma, stat_size=stat_size, batch_size=batch_size,
-        learning_rate=config.learning_rate,
+        learning_rate=learning_rate,
+        divergence_bound=DIVERGENCE_FACTOR * a_config.residual_bound / feature_bound,
+        transform=transform,
         margin=(sigma_stat * math.sqrt(2.0 * math.log((levels + 1) / a_config.failure_probability))
                 + size_slack),
         tail_start=T - T // 2, seed=seed,
@@ -330,11 +420,117 @@ def train(config: NoisyGDConfig, a_config: AmbssgdConfig, loss: GlmLoss, dim: in
                        lambda s, k: on_progress(s.step, T, epsilon))
     theta = state.theta_sum / (T // 2)
     return TrainResult(theta, ledger, sigma, 1.0, T, None, dataset_size,
+                       feature_transform=features.spec(transform),
                        sampling="one pass over disjoint blocks (data-independent assignment)",
                        expected_batch_size=batch_size, details_name="algorithm_parameters",
                        preprocessing={"blocks": T, "stat_size": stat_size, "batch_size": batch_size,
                         "residual_levels": levels + 1, "residual_resolution": resolution,
-                        "expected_feature_norm": step.feature_norm})
+                        "expected_feature_norm": step.feature_norm,
+                        "learning_rate": learning_rate,
+                        **({"private_step_size": curvature} if curvature else {})})
+
+
+SECURE_FIXED_STEP_NOTE = ("dp-ambssgd with --noise secure: the private step size's secure "
+                          "second-moment matrix would take more than 1e-4 of delta at these settings "
+                          "(its draws grow with d^2), so the step size is the fixed "
+                          "--learning-rate default 1; --noise float gives the private one")
+
+
+def secure_moment_fits(config: NoisyGDConfig, dim: int) -> bool:
+    """Whether the secure second-moment matrix's sampler slack, (1 + e^eps) x its draws' total
+    variation, stays within 1e-4 delta (the run's secure releases together must stay within
+    1e-3 delta); with a noise multiplier (epsilon not yet known) at epsilon 10. Public."""
+    epsilon = config.epsilon if config.epsilon is not None else 10.0
+    return noisy_gd.secure_delta_bound(stats.secure_moment_variation(dim), epsilon) <= 1e-4 * config.delta
+
+
+def private_curvature(config: NoisyGDConfig, a_config: AmbssgdConfig, dim: int, aggregator,
+                      seed: int, ledger: accounting.Ledger, n: int):
+    """The private step size, from two releases made before the pass (QUANTILE_SHARE or
+    NORM_QUANTILE_SHARE of the curvature budget for the first, the rest for the second; the ledger composes them with the count and the pass, whose noise is calibrated after
+    them), and, with --standardize private, the column map. Returns (public details, map).
+
+    1. A bound on the rows: with --standardize private, each column's 2nd and 98th percentiles
+       (exponential mechanism on the public log grid of dpsgd's --scale-features private, pure
+       DP), and the map ``features.ScaleColumns`` of each column onto [-1, 1], so every mapped
+       row z = (x', 1) has norm <= r = sqrt(d + 1); as there, skipped (nothing spent) where the
+       quantiles' 95% rank error passes a quarter of n. Otherwise R, the NORM_QUANTILE quantile
+       of ||x|| (same mechanism), and r = sqrt(R^2 + 1).
+    2. The second-moment matrix H of the (mapped) rows shrunk to norm r
+       (``stats.SecondMomentStage``: the analytic Gaussian's multiplier at (its share, delta / 2)).
+
+    lambda_up = lambda_max(noisy H) + 3 sqrt(d + 1) sigma r^2 / n (a symmetric Gaussian matrix's
+    spectral norm is about 2 sqrt(d + 1) times its entries' std), eta = STEP_FACTOR / lambda_up,
+    and R_x's default sqrt(trace H), the root mean square of ||z||: post-processing only.
+
+    Why standardize: the step size can only be as large as the steepest direction allows, so on
+    unscaled columns (diamonds: depth and table ~60 beside carat ~0.8) a safe eta leaves the
+    directions that carry the label unlearnt in T steps; on mapped columns the curvature is
+    within a small factor in every direction that matters."""
+    epsilon = config.epsilon
+    # With a noise multiplier (no target), a fixed default budget, as the dataset-size count's.
+    share = a_config.curvature_epsilon or (epsilon / 10.0 if epsilon is not None
+                                           else NOISE_MULTIPLIER_CURVATURE_EPSILON)
+    if epsilon is not None and share >= epsilon / 2:
+        raise ValueError("--curvature-epsilon is a share of --epsilon: keep it below half")
+    noise = "float" if config.noise == "float" else "secure"   # None: secure by default
+    transform, details = None, {}
+    if a_config.standardize == "private":
+        per_release = QUANTILE_SHARE * share / (dim * len(noisy_gd.SCALE_QUANTILES))
+        size = noisy_gd.SCALE_GRID_SIZE
+        grid = np.repeat(stats.symmetric_log_grid(noisy_gd.SCALE_GRID_BOUND, size, 1e12), dim, axis=0)
+        stage = stats.QuantileStage(
+            "column_bounds", stats.Columns(), stats.FixedGrid(grid), dim, size,
+            noisy_gd.SCALE_QUANTILES, per_release, stats.stages_seed(seed), (_CURVATURE_STREAM, 0),
+            margin=stats.quantile_rank_error_bound(size, per_release, 0.05), noise=noise)
+        error = stage.rank_error_bound(0.05)
+        if error <= noisy_gd.AUTO_SCALE_RANK_ERROR * n:
+            stats.record_releases([stage], ledger)
+            bounds = aggregator.run_stages([stage], {"n": n})["column_bounds"]
+            low, high = np.minimum(bounds[:, 0], bounds[:, 1]), np.maximum(bounds[:, 0], bounds[:, 1])
+            transform = features.ScaleColumns(tuple(low.tolist()), tuple(high.tolist()))
+            radius = math.sqrt(dim + 1.0)
+            details = {"standardize": "private: columns mapped onto [-1, 1] from their private "
+                                      "2nd-98th percentiles"}
+        else:   # decided from the released count and public constants: nothing spent
+            details = {"standardize": "skipped: the quantiles' 95% rank error is above a "
+                                      "quarter of n; features used as given"}
+    if transform is None:
+        grid_size = NORM_GRID[2]
+        quantile = stats.QuantileStage(
+            "norm_bound", stats.Norms(), stats.FixedGrid(stats.log_grid(*NORM_GRID)), 1,
+            grid_size, (NORM_QUANTILE,), NORM_QUANTILE_SHARE * share, stats.stages_seed(seed),
+            (_CURVATURE_STREAM, 0),
+            margin=stats.quantile_rank_error_bound(grid_size, NORM_QUANTILE_SHARE * share, 0.05),
+            noise=noise)
+        stats.record_releases([quantile], ledger)
+        state = aggregator.run_stages([quantile], {"n": n})
+        radius = math.sqrt(float(state["norm_bound"][0, 0]) ** 2 + 1.0)
+        details["norm_quantile"] = NORM_QUANTILE
+    first = QUANTILE_SHARE if transform is not None else NORM_QUANTILE_SHARE
+    multiplier = stats.gaussian_noise_multiplier((1 - first) * share, config.delta / 2)
+    moment = stats.SecondMomentStage("second_moment", dim, radius, multiplier,
+                                     stats.stages_seed(seed), (_CURVATURE_STREAM, 1), transform,
+                                     noise=noise)
+    if noise == "secure":
+        try:
+            moment.secure_grid(radius)
+            if not secure_moment_fits(config, dim):
+                raise ValueError("the second-moment matrix's samplers would take more than 1e-4 "
+                                 "of delta")
+        except ValueError as why:   # float where secure noise was only the default
+            noisy_gd.float_instead(config.noise, noisy_gd.SecureNoiseUnavailable(str(why)), ledger)
+            moment = dataclasses.replace(moment, noise="float")
+    stats.record_releases([moment], ledger)
+    h = aggregator.run_stages([moment], {"n": n})["second_moment"]
+    noise_norm = 3.0 * math.sqrt(dim + 1) * multiplier * radius ** 2 / max(n, 1)
+    top = float(np.linalg.eigvalsh(h)[-1]) + noise_norm
+    # A noisy matrix can come out near 0 (tiny n); the floor keeps eta below 1 / (its noise).
+    top = max(top, 2.0 * noise_norm, 1e-12)
+    rms = math.sqrt(max(float(np.trace(h)), 1.0))
+    return ({"epsilon": share, "row_bound": radius, "second_moment_noise_multiplier": multiplier,
+             "largest_eigenvalue_bound": top, "learning_rate": STEP_FACTOR / top,
+             "root_mean_square_norm": rms, "feature_bound": radius, **details}, transform)
 
 
 def _secure_plan(config, sigma, sigma_stat, T, levels, dim, ledger, params) -> dict:
@@ -347,8 +543,10 @@ def _secure_plan(config, sigma, sigma_stat, T, levels, dim, ledger, params) -> d
     # AmbssgdStep.count_scale and .gradient_scale).
     count_scale = math.ldexp(sigma_stat, secure["count_bits"])
     gradient_scale = sigma * 2.0 ** (clipping.GRID_FEATURE_BITS - 1 + secure["scale_bits"])
+    # (plus the secure releases before the pass: the private step size's second-moment matrix)
     variation = noisy_gd.draws_total_variation(
-        [(T * (levels + 1), count_scale), (T * (dim + 1), gradient_scale)])
+        [(T * (levels + 1), count_scale), (T * (dim + 1), gradient_scale)]) \
+        + noisy_gd.prior_total_variation(ledger)
     event = events.GaussianDpEvent(sigma)
     epsilon = config.epsilon if config.epsilon is not None else accounting.epsilon_of(
         ledger.event_after("dp_ambssgd_blocks_parallel_composition", event, 1, **params),
@@ -383,8 +581,13 @@ def secure_description(count_bits: int, scale_bits: int) -> str:
 
 
 def _train_registered(options: AmbssgdConfig, problem: Problem, aggregator, seed, ledger, progress):
-    return train(core_config("dpsgd", options, problem, secure=True), options, problem.loss,
-                 problem.dim, aggregator, seed, ledger, progress)
+    private_step = options.learning_rate is None
+    config = core_config("dpsgd", options, problem, exclude=("learning_rate",), secure=True)
+    if not private_step:
+        config = dataclasses.replace(config, learning_rate=options.learning_rate)
+    return train(config, options, problem.loss, problem.dim, aggregator, seed, ledger, progress,
+                 private_step_size=private_step)
+
 
 
 DP_AMBSSGD = Algorithm(

@@ -8,6 +8,9 @@
   Clipping at C optimizes the Huberized loss of Lemma 5.1, which equals the original loss when
   C bounds every gradient.
 
+* ``dpsgd --adaptive-clip-quantile`` (Andrew et al. 2021): the clip norm follows a quantile of
+  the per-example gradient norms from a noisy count made in the same pass (``AdaptiveClipStep``).
+
 Both are one driver because DP-GD is DP-SGD with q = 1; a separate module would repeat it.
 
 Neighbouring relation: add/remove one example. Under it the dataset size is private, so n (for
@@ -67,6 +70,10 @@ class NoisyGDConfig:
     # dpgd --gradient-estimator projection: the l1 radius C sqrt(s) the noisy mean gradient is
     # projected onto (paper 001, Algorithm 1); None: the plain Gaussian estimate.
     projection_radius: float | None = None
+    # dpsgd --adaptive-clip-quantile: the target quantile gamma of the per-row gradient norms
+    # that the clip norm tracks (Andrew et al. 2021), from ``clip_norm``; None: a fixed clip.
+    adaptive_clip_quantile: float | None = None
+    adaptive_clip_rate: float = 0.2     # eta_C of the geometric update
 
     def validate(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -103,6 +110,22 @@ class NoisyGDConfig:
         if self.projection_radius is not None and not (self.projection_radius > 0
                                                        and math.isfinite(self.projection_radius)):
             raise ValueError("the gradient projection's radius must be a positive number")
+        if self.adaptive_clip_quantile is not None:
+            if self.algorithm != "dpsgd":
+                raise ValueError("--adaptive-clip-quantile is dpsgd's")
+            if not 0.0 < self.adaptive_clip_quantile < 1.0:
+                raise ValueError("--adaptive-clip-quantile must be a fraction in (0, 1)")
+            if not (self.adaptive_clip_rate > 0 and math.isfinite(self.adaptive_clip_rate)):
+                raise ValueError("--adaptive-clip-rate must be a positive number")
+            if self.noise == "secure":
+                raise ValueError("--adaptive-clip-quantile adds float noise (its clip norm "
+                                 "changes the exact sums' grid every step); use --noise float")
+            if self.projection_radius is not None:
+                raise ValueError("--adaptive-clip-quantile and --gradient-estimator projection "
+                                 "(whose radius is the fixed clip norm) do not combine")
+
+    def adaptive(self) -> bool:
+        return self.adaptive_clip_quantile is not None
 
     def averaging(self) -> bool:
         return self.algorithm == "dpgd" if self.average_iterates is None else self.average_iterates
@@ -273,6 +296,82 @@ class ColumnStepScale:
             idx = self.first + np.asarray(self.columns, dtype=np.int64)
             out[:, idx] *= np.asarray(self.scales) / self.default
         return out
+
+
+@dataclasses.dataclass
+class AdaptiveClipState(TrainState):
+    """TrainState plus the clip norm of the next step and the clip norms released so far (noisy:
+    post-processing of the counts), for ``AdaptiveClipStep``."""
+
+    clip_norm: float = 1.0
+    clip_norms: tuple = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptiveClipStep(NoisyGradientStep):
+    """A dpsgd step with quantile-based adaptive clipping (Andrew, Thakkar, McMahan & Ramaswamy,
+    "Differentially private learning with adaptive clipping", NeurIPS 2021, Algorithm 1 with the
+    geometric update), float noise only.
+
+    Step t clips every sampled row's gradient to C_t and, in the same pass, counts the rows
+    whose unclipped gradient norm is at most C_t: the stage's sum is the flat clipped sum with
+    that count appended (one combine serves both). ``apply`` adds Gaussian noise of std
+    sigma * C_t to the sum (sensitivity C_t) and of std ``count_noise_std`` to the count
+    (sensitivity 1), divides both by the *public* expected batch size q n (never the realized
+    one: its size is private under add/remove, and dividing by it would release it), and sets
+    C_{t+1} = C_t exp(-eta_C (b - gamma)), b the noisy fraction. Accounted per step as
+    PoissonSampled(q, Composed([Gaussian(sigma), Gaussian(count_noise_std)])) (``_step_event``).
+    The clip norm is carried in the state (``AdaptiveClipState``), so the sensitivity of each
+    step's release is the public C_t, a post-processing of earlier releases."""
+
+    noise_multiplier: float = 1.0      # sigma of the sum: std sigma * C_t
+    count_noise_std: float = 1.0       # sigma_b, in rows
+    target_quantile: float = 0.5       # gamma
+    clip_rate: float = 0.2             # eta_C
+
+    @property
+    def flat_size(self) -> int:
+        return int(np.prod(self.shape)) + 1
+
+    def zero_sum(self):
+        return np.zeros(self.flat_size)
+
+    def selected_sum(self, batch, state: TrainState):
+        if self.transform is not None:
+            batch = self.transform(batch)
+        total, below = clipping.clipped_gradient_sum_and_count(
+            state.theta, batch.features, batch.sq_norms, batch.labels, self.loss,
+            state.clip_norm, self.fit_intercept)
+        return np.concatenate([total.ravel(), [float(below)]])
+
+    def canary_sum(self, state: TrainState, canaries):
+        """As ``NoisyGradientStep.canary_sum`` at the step's clip norm C_t; each canary also
+        counts as a row below C_t (the count's sensitivity)."""
+        columns = canaries.present(state.step, self.sampler.rate)
+        out = np.zeros(self.shape)
+        out[0, columns] = state.clip_norm
+        return np.concatenate([out.ravel(), [float(np.size(columns))]])
+
+    def apply(self, state: TrainState, total) -> TrainState:
+        total = np.asarray(total, dtype=np.float64)
+        g = self._noise_generator(state.step)
+        clip_norm = float(state.clip_norm)
+        noise = mechanisms.gaussian_noise(g, self.shape, self.noise_multiplier * clip_norm)
+        count_noise = float(mechanisms.gaussian_noise(g, (), self.count_noise_std))
+        if not self.fit_intercept:
+            noise[:, -1] = 0.0
+        noisy = total[:-1].reshape(self.shape) + noise
+        update = noisy / self.normalizer
+        if self.step_scale is not None:
+            update = self.step_scale(update)
+        theta = state.theta - self.learning_rate * update
+        fraction = (total[-1] + count_noise) / self.normalizer   # public normalizer q n
+        # The exponent is bounded (the fraction's noise is unbounded): a step moves C by at most
+        # a factor e^(2 eta_C) either way, so one extreme draw cannot send it to 0 or inf.
+        exponent = -self.clip_rate * min(max(fraction - self.target_quantile, -2.0), 2.0)
+        next_clip = clip_norm * math.exp(exponent)
+        return AdaptiveClipState(theta, state.theta_sum + theta, state.step + 1,
+                                 clip_norm=next_clip, clip_norms=(*state.clip_norms, next_clip))
 
 
 # The floor of the scaled counts: the preconditioned noise's random walk over the run,
@@ -455,9 +554,26 @@ def secure_release_note() -> str:
     return " ".join(secure_release_note.__doc__.split())
 
 
-def _step_event(noise_multiplier: float, q: float) -> events.DpEvent:
+def _step_event(noise_multiplier: float, q: float,
+                count_noise_std: float | None = None) -> events.DpEvent:
+    """A step's event; with adaptive clipping (``count_noise_std``) the clipped sum's Gaussian
+    composed with the count's (sensitivity 1, std ``count_noise_std``), both on the step's
+    sample. dp_accounting composes them (its PLD through ``accounting.merged_gaussians``)."""
     step = events.GaussianDpEvent(noise_multiplier)
+    if count_noise_std is not None:
+        step = events.ComposedDpEvent([step, events.GaussianDpEvent(count_noise_std)])
     return step if q >= 1.0 else events.PoissonSampledDpEvent(q, step)
+
+
+# Adaptive clipping's count noise: sigma_b = max(q n / 20, 10 sigma) rows. q n / 20 is Andrew et
+# al.'s suggestion (the noisy fraction then has std 0.05); the floor 10 sigma keeps the count's
+# share of a step's privacy loss at most 1% of the variance (1 / (1 + sigma^2 / sigma_b^2)), so
+# a calibration always exists, whatever the batch size.
+COUNT_NOISE_SHARE, COUNT_NOISE_FLOOR = 1.0 / 20.0, 10.0
+
+
+def count_noise_std(noise_multiplier: float, expected_batch: float) -> float:
+    return max(COUNT_NOISE_SHARE * expected_batch, COUNT_NOISE_FLOOR * noise_multiplier)
 
 
 def _step_release_name(q: float) -> str:
@@ -577,7 +693,8 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
              "params": r.params} for r in ledger.releases])
     q, sigma, total_steps = plan["sampling_probability"], plan["noise_multiplier"], plan["steps"]
     clip_norm = clip_norm_from(plan["preprocessing"]) if clip_norm_from else config.clip_norm
-    noise = "float" if config.noise == "float" else "secure"   # None: secure by default
+    noise = "float" if config.noise == "float" or config.adaptive() else "secure"   # None: secure
+    count_std = plan.get("count_noise_std") if config.adaptive() else None
     sampler_delta = None
     if noise == "secure":
         try:
@@ -595,9 +712,16 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
                     f"{epsilon:.3g} over these steps")
         except SecureNoiseUnavailable as why:
             noise, sampler_delta = float_instead(config.noise, why, ledger), None
-    step_event = _step_event(sigma, q)
+    step_event = _step_event(sigma, q, count_std)
     step_params = dict(noise_multiplier=sigma, sampling_probability=q, clip_norm=clip_norm,
                        sensitivity=clip_norm, noise=noise_description(noise, sigma))
+    if count_std is not None:
+        step_params.update(
+            clip_norm=f"adaptive from {clip_norm:g} (target quantile "
+                      f"{config.adaptive_clip_quantile:g}, rate {config.adaptive_clip_rate:g})",
+            sensitivity="the step's clip norm C_t for the sum, 1 for the count",
+            count_noise_std=count_std,
+            normalizer=f"public expected batch size {plan['normalizer']:.6g}")
     if sampler_delta is not None:
         step_params["sampler_delta_bound"] = sampler_delta
         if secure_noise_note() not in ledger.notes:
@@ -609,7 +733,18 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
     ledger.admit(planned)   # the steps are recorded after each chunk: admitted before the first
 
     step_class = UserGradientStep if user_bounding is not None else NoisyGradientStep
+    adaptive = {}
+    if count_std is not None:
+        step_class = AdaptiveClipStep
+        adaptive = dict(noise_multiplier=sigma, count_noise_std=count_std,
+                        target_quantile=config.adaptive_clip_quantile,
+                        clip_rate=config.adaptive_clip_rate)
+        released = tuple(plan.get("clip_norms", ()))   # a resumed run's, from its checkpoint
+        state = AdaptiveClipState(state.theta, state.theta_sum, state.step,
+                                  clip_norm=released[-1] if released else clip_norm,
+                                  clip_norms=released)
     step_fn = step_class(
+        **adaptive,
         loss=loss, clip_norm=clip_norm, noise_std=sigma * clip_norm,
         normalizer=plan["normalizer"], learning_rate=config.learning_rate,
         sampler=PoissonSampler(q, sampling_seed(seed)), seed=seed, shape=state.theta.shape,
@@ -621,6 +756,8 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
 
     def after_chunk(new_state: TrainState, k: int) -> None:
         ledger.record(_step_release_name(q), step_event, count=k, **step_params)
+        if count_std is not None:
+            plan["clip_norms"] = list(new_state.clip_norms)
         if checkpoint_dir:
             save_checkpoint(checkpoint_dir, new_state, public_config, plan)
         on_progress(new_state.step, total_steps, ledger.progress_epsilon(config.delta, planned))
@@ -631,11 +768,37 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
     state = run_chunks(aggregator, step_fn, state, total_steps, config.steps_per_chunk, after_chunk,
                        plan if checkpoint_dir else None, keep_batches=bool(checkpoint_dir))
     theta = state.averaged() if config.averaging() else state.theta
+    details = plan["preprocessing"]
+    if count_std is not None:
+        details = {**details, "adaptive_clipping": adaptive_clipping_summary(
+            config, clip_norm, count_std, plan["normalizer"], state.clip_norms)}
+        clip_norm = None
     return TrainResult(theta, ledger, sigma, q, total_steps, clip_norm, plan["dataset_size"],
-                       plan["preprocessing"], sampling="Poisson" if q < 1 else "full batch",
+                       details, sampling="Poisson" if q < 1 else "full batch",
                        expected_batch_size=plan["normalizer"],
                        privacy_unit=user_bounding.describe() if user_bounding is not None else None)
 
+
+
+# The report keeps at most this many of the released clip norms (evenly spaced, the last kept).
+CLIP_HISTORY_POINTS = 50
+
+
+def adaptive_clipping_summary(config: NoisyGDConfig, initial: float, count_std: float,
+                              normalizer: float, history) -> dict:
+    """The report's account of adaptive clipping: its public settings and the released (noisy)
+    clip norms, thinned to CLIP_HISTORY_POINTS."""
+    history = list(history)
+    if len(history) > CLIP_HISTORY_POINTS:
+        picks = np.unique(np.linspace(0, len(history) - 1, CLIP_HISTORY_POINTS).round().astype(int))
+        thinned = {int(i) + 1: history[i] for i in picks}
+    else:
+        thinned = {i + 1: c for i, c in enumerate(history)}
+    return {"method": "Andrew et al. 2021, geometric update", "initial_clip_norm": initial,
+            "target_quantile": config.adaptive_clip_quantile, "rate": config.adaptive_clip_rate,
+            "count_noise_std": count_std, "count_normalizer": normalizer,
+            "clip_norm_after_step": {str(k): v for k, v in thinned.items()},
+            "final_clip_norm": history[-1] if history else initial}
 
 
 def dpgd_steps(n: int, epsilon: float | None, delta: float, rank: int, max_steps: int) -> int:
@@ -687,13 +850,19 @@ def _plan(config: NoisyGDConfig, dataset_size: dict, ledger: accounting.Ledger, 
                              "or give --num-examples")
 
         def make_event(s: float) -> events.DpEvent:
+            if config.adaptive():
+                return events.ComposedDpEvent([prior, accounting.self_composed(
+                    _step_event(s, q, count_noise_std(s, normalizer)), steps)])
             return events.ComposedDpEvent([prior, accounting.gaussian_steps_event(s, q, steps)])
         guess, slope = accounting.noise_multiplier_guess(q, steps, config.epsilon - spent,
                                                          config.delta)
         sigma = accounting.calibrate_noise_multiplier(make_event, config.epsilon, config.delta,
                                                       config.accountant, guess=guess, slope=slope)
-    return {"sampling_probability": q, "steps": steps, "noise_multiplier": sigma,
+    plan = {"sampling_probability": q, "steps": steps, "noise_multiplier": sigma,
             "normalizer": normalizer, "dataset_size": dataset_size}
+    if config.adaptive():
+        plan["count_noise_std"] = count_noise_std(sigma, normalizer)
+    return plan
 
 
 # ------------------------------------------------------------------------------ registry entries
@@ -776,6 +945,13 @@ class ScaledDpsgdOptions(DpsgdOptions):
 
     scale_features: str = _SCALE
     scale_epsilon: float | None = _SCALE_EPSILON
+    adaptive_clip_quantile: float | None = option(
+        None, "adaptive clipping (Andrew et al. 2021): the clip norm starts at the given clip norm "
+              "and follows this quantile of the per-row gradient norms, from a noisy count of the "
+              "sampled rows below it made in the same pass (accounted with the step; float "
+              "noise); default off: a fixed clip norm", low=0, low_open=True, high=1)
+    adaptive_clip_rate: float = option(0.2, "eta_C of adaptive clipping's geometric update "
+                                            "C <- C exp(-eta_C (b - gamma))", low=0, low_open=True)
 
 
 def core_config(name: str, options, problem: Problem, exclude=(), secure: bool = False) -> NoisyGDConfig:
@@ -794,6 +970,9 @@ def core_config(name: str, options, problem: Problem, exclude=(), secure: bool =
 # softmax's ||x||^2 / 2): dpgd's default step is scaled by the same factor.
 _SQUARED_CURVATURE_STEP = 0.25
 
+ADAPTIVE_FLOAT_NOTE = ("--adaptive-clip-quantile: the steps add numpy's float Gaussian noise (secure "
+                       "noise is not implemented for a clip norm that changes every step)")
+
 
 def _train_noisy(name: str, options, problem: Problem, aggregator, seed: int, ledger, progress):
     if getattr(options, "learning_rate", 1.0) is None:
@@ -805,6 +984,13 @@ def _train_noisy(name: str, options, problem: Problem, aggregator, seed: int, le
         _check_user_level(options, problem)
     config = core_config(name, options, problem, exclude=("feature_norm",),
                          secure=not problem.sparse and bounding is None)
+    if config.adaptive():
+        if config.noise == "secure":
+            raise ValueError("--adaptive-clip-quantile adds float noise (its clip norm changes "
+                             "the exact sums' grid every step); use --noise float")
+        if config.noise is None and ADAPTIVE_FLOAT_NOTE not in ledger.notes:
+            ledger.notes.append(ADAPTIVE_FLOAT_NOTE)
+        config = dataclasses.replace(config, noise="float")
     if getattr(options, "gradient_estimator", "gaussian") == "projection":
         if config.noise == "secure":
             raise ValueError("--gradient-estimator projection post-processes float noise; "
