@@ -78,11 +78,14 @@ _K, _SETTINGS, _SPLIT, _COUNT, _SCORE, _TRAIN, _SCALE = range(7)
 # neither the privacy cost nor the releases (the candidate's ledger is checked anyway).
 TUNABLE = {"dpgd": ("clip_norm", "learning_rate", "steps", "max_steps", "feature_norm",
                     "average_iterates")}
-# The default grid per algorithm: dpgd's default clip norm and learning rate (1, 1) with a
-# factor ~3 either way in the clip norm and two decades below in the step size (features on a
-# large scale, as raw tables have, need a small one: on MASS Boston unscaled, RMSE 74 at
-# learning rate 1 and 8.0 at 0.01), 3 x 3 = 9 settings, dpgd's default steps.
+# The default grid per algorithm: dpgd's default clip norm and learning rate with a factor ~3
+# either way in the clip norm and two decades below in the step size (features on a large scale,
+# as raw tables have, need a small one: on MASS Boston unscaled, RMSE 74 at learning rate 1 and
+# 8.0 at 0.01), 3 x 3 = 9 settings, dpgd's default steps. The step sizes are multiples of the
+# model's default step (1, or 1/4 for the squared and Huber losses: ``noisy_gd``), so the
+# defaults are always among the candidates.
 DEFAULT_GRIDS = {"dpgd": {"clip_norm": (0.3, 1.0, 3.0), "learning_rate": (0.01, 0.1, 1.0)}}
+RELATIVE_TO_DEFAULT_STEP = {"dpgd": ("learning_rate",)}
 MAX_SETTINGS = 10_000
 # Geometric K of mean 10: each candidate's noise is 2.1x one training run's at the same
 # (epsilon, delta) (sigma 9.0 against 4.3 at (1, 1e-5)); mean 3 would cost 1.7x but leave one
@@ -448,7 +451,12 @@ def tune(X=None, y=None, *, input=None, validation=None, algorithm: str = "dpgd"
         raise ValueError("validation files go with input files; for arrays hold rows out with "
                          "holdout")
     grid = parse_grid(grid) if grid is None or not isinstance(grid, dict) else dict(grid)
-    grid = grid or {k: tuple(v) for k, v in DEFAULT_GRIDS.get(algorithm, {}).items()}
+    if not grid:
+        from beam_dp.algorithms import noisy_gd
+        step = noisy_gd.default_learning_rate(model)
+        grid = {k: tuple(v * step if k in RELATIVE_TO_DEFAULT_STEP.get(algorithm, ()) else v
+                         for v in values)
+                for k, values in DEFAULT_GRIDS.get(algorithm, {}).items()}
     scale_features = fixed.pop("scale_features", None) or "auto"   # as train's default
     scale_epsilon = fixed.pop("scale_epsilon", None)
     if scale_features not in ("none", "private", "auto"):

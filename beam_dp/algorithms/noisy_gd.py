@@ -970,14 +970,18 @@ def core_config(name: str, options, problem: Problem, exclude=(), secure: bool =
 # softmax's ||x||^2 / 2): dpgd's default step is scaled by the same factor.
 _SQUARED_CURVATURE_STEP = 0.25
 
+
+def default_learning_rate(model: str) -> float:
+    """dpgd's default step for a model (``--model``)."""
+    return _SQUARED_CURVATURE_STEP if model in ("linear", "huber") else 1.0
+
 ADAPTIVE_FLOAT_NOTE = ("--adaptive-clip-quantile: the steps add numpy's float Gaussian noise (secure "
                        "noise is not implemented for a clip norm that changes every step)")
 
 
 def _train_noisy(name: str, options, problem: Problem, aggregator, seed: int, ledger, progress):
     if getattr(options, "learning_rate", 1.0) is None:
-        options = dataclasses.replace(options, learning_rate=(
-            _SQUARED_CURVATURE_STEP if problem.loss.name in ("linear", "huber") else 1.0))
+        options = dataclasses.replace(options, learning_rate=default_learning_rate(problem.loss.name))
     # Sparse (categorical) input: float noise, since the exact sums quantize dense rows.
     bounding = problem.privacy_unit
     if bounding is not None:
