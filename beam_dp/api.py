@@ -287,10 +287,12 @@ def _warm_start_theta(warm_start, chosen, loss, feature_columns, label_column, f
                       f"{sorted(set(ours) - set(theirs))[:5]})")
         raise ValueError(f"--warm-start: the model does not fit this run: its "
                          f"{', '.join(mismatch)} differ{detail}")
+    # (--scale-features auto, the default, scales nothing when warm-starting: noisy_gd)
     if (artifact.get("feature_transform") or getattr(algorithm_options, "feature_norm", None)
-            or getattr(algorithm_options, "scale_features", "none") != "none"):
+            or getattr(algorithm_options, "scale_features", "none") == "private"):
         raise ValueError("--warm-start needs models without a feature transform "
-                         "(no --feature-norm, no --scale-features) on both sides")
+                         "(no --feature-norm, no --scale-features private, no declared bounds) "
+                         "on both sides")
     return np.array(model.theta, dtype=np.float64)
 
 

@@ -1094,6 +1094,14 @@ def _column_scaling(options, problem: Problem, aggregator, seed: int, ledger):
     if problem.privacy_unit is not None and choice == "auto":
         choice = "none"   # the quantiles bound one row's influence, not one user's: declared only
     declared = problem.source.get("bounds") or {"columns": [], "label": None}
+    if problem.initial_theta is not None:
+        # A warm start's coefficients are in the raw columns' space (api._warm_start_theta
+        # refuses models with a transform): no map may come between.
+        if declared["columns"] or declared["label"] is not None:
+            raise ValueError("--warm-start needs models without a feature transform: drop the "
+                             "schema's bounds (or start from zeros)")
+        if choice == "auto":
+            return None, None
     if problem.sparse or options.feature_norm:
         if choice == "private":
             raise ValueError("--scale-features private needs dense features (with "
