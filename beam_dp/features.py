@@ -87,6 +87,7 @@ class ScaleColumns:
     label_low: float | None = None
     label_high: float | None = None
     reach: tuple | None = None
+    label_reach: float = 1.0   # the label's reach (1: a declared range is its domain)
 
     def __call__(self, block: Block) -> Block:
         low, high = np.asarray(self.low, dtype=np.float64), np.asarray(self.high, dtype=np.float64)
@@ -105,8 +106,10 @@ class ScaleColumns:
         labels = block.labels
         if self.label_low is not None:
             label_half = (self.label_high - self.label_low) / 2.0
-            labels = (np.clip(labels, self.label_low, self.label_high)
-                      - (self.label_low + label_half)) / label_half
+            label_mid = self.label_low + label_half
+            labels = np.clip((np.clip(labels, label_mid - self.label_reach * label_half,
+                                      label_mid + self.label_reach * label_half) - label_mid)
+                             / label_half, -self.label_reach, self.label_reach)
         return Block(scaled, labels, block.source, block.row_start, tag=block.tag)
 
     def unscale_label(self, theta: np.ndarray) -> np.ndarray:
