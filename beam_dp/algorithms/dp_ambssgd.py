@@ -288,7 +288,8 @@ def train(config: NoisyGDConfig, a_config: AmbssgdConfig, loss: GlmLoss, dim: in
     else:
         prior = ledger.event()
         if ledger.epsilon(config.delta) >= config.epsilon:
-            raise ValueError("the dataset-size count alone spends the budget; give --num-examples")
+            raise ValueError("the releases before training (the dataset-size count, the "
+                             "quality check) spend the budget; give --num-examples")
         sigma = accounting.calibrate_noise_multiplier(
             lambda s: events.ComposedDpEvent([prior, events.GaussianDpEvent(s)]),
             config.epsilon, config.delta, config.accountant)
@@ -348,7 +349,8 @@ def _secure_plan(config, sigma, sigma_stat, T, levels, dim, ledger, params) -> d
     count_scale = math.ldexp(sigma_stat, secure["count_bits"])
     gradient_scale = sigma * 2.0 ** (clipping.GRID_FEATURE_BITS - 1 + secure["scale_bits"])
     variation = noisy_gd.draws_total_variation(
-        [(T * (levels + 1), count_scale), (T * (dim + 1), gradient_scale)])
+        [(T * (levels + 1), count_scale), (T * (dim + 1), gradient_scale)]
+    ) + noisy_gd.prior_total_variation(ledger)   # (the secure releases already in the ledger)
     event = events.GaussianDpEvent(sigma)
     epsilon = config.epsilon if config.epsilon is not None else accounting.epsilon_of(
         ledger.event_after("dp_ambssgd_blocks_parallel_composition", event, 1, **params),
@@ -391,4 +393,4 @@ DP_AMBSSGD = Algorithm(
     "dp-ambssgd", "linear regression on 100,000+ rows of standardized data: one pass, adaptive "
                   "clipping; its error vanishes as the observation noise does (paper 003)",
     ("linear",), AmbssgdConfig, _train_registered, checkpoints=False, no_intercept=False,
-    secure_noise=True)
+    secure_noise=True, quality_check=True)

@@ -20,6 +20,7 @@ up a step.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from typing import Callable
 
@@ -491,6 +492,19 @@ def release_dataset_size(config: NoisyGDConfig, aggregator: Aggregator, seed: in
             "normalizer_floor": scale * math.log(1.0 / (2.0 * COUNT_FAILURE))}
 
 
+def _recorded_before(ledger: accounting.Ledger, saved: list) -> int:
+    """How many of a checkpoint's saved releases the ledger already holds: those recorded before
+    ``train`` was called (the quality check's reservation, ``beam_dp.quality``) are recorded
+    again by the resumed run's caller, and must not be counted twice."""
+    held = [{"name": r.name, "event": accounting.event_to_json(r.event), "count": r.count,
+             "params": r.params} for r in ledger.releases]
+    if json.loads(json.dumps(saved[:len(held)], default=str)) != json.loads(json.dumps(held, default=str)):
+        raise ValueError("the checkpoint was written by a run whose releases before training "
+                         "differ from this one's (e.g. other quality-check settings); use another "
+                         "--checkpoint-dir or the same settings")
+    return len(held)
+
+
 def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator, seed: int,
           ledger: accounting.Ledger,
           on_progress: Callable[[int, int, float], None] = lambda done, total, eps: None,
@@ -519,7 +533,7 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
     resumed = load_checkpoint(checkpoint_dir, public_config) if checkpoint_dir else None
     if resumed is not None:
         state, plan = resumed
-        for r in plan["releases"]:
+        for r in plan["releases"][_recorded_before(ledger, plan["releases"]):]:
             ledger.record(r["name"], accounting.event_from_json(r["event"]), r["count"], **r["params"])
     else:
         state = TrainState.zeros(loss.outputs(), dim)
@@ -919,8 +933,10 @@ def _train_dpsgd(options, problem, aggregator, seed, ledger, progress):
 DPGD = Algorithm(
     "dpgd", "classification or regression on up to a few million rows: full-batch noisy "
             "gradient descent; accurate at small epsilon, each step reads all the data",
-    MODEL_NAMES, DpgdOptions, _train_dpgd, warm_start=True, secure_noise=True, sparse_input=True)
+    MODEL_NAMES, DpgdOptions, _train_dpgd, warm_start=True, secure_noise=True, sparse_input=True,
+    quality_check=True)
 DPSGD = Algorithm(
     "dpsgd", "large data where a full pass per step is too slow: Poisson-sampled mini-batches, "
              "each step reads only its batch; needs more tuning than dpgd",
-    MODEL_NAMES, ScaledDpsgdOptions, _train_dpsgd, warm_start=True, secure_noise=True)
+    MODEL_NAMES, ScaledDpsgdOptions, _train_dpsgd, warm_start=True, secure_noise=True,
+    quality_check=True)

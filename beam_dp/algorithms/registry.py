@@ -203,6 +203,13 @@ class Algorithm:
     no_intercept: bool = True     # can fit a model without an intercept
     secure_noise: bool = False    # every release: integer noise on exact sums (--noise secure)
     sparse_input: bool = False    # takes CSR blocks (categorical columns), never densifying them
+    # Calibrates its noise against the releases already in the ledger (add/remove), so the
+    # private quality check (``beam_dp.quality``) can reserve its budget there before training.
+    # Otherwise the check is skipped, with ``why_no_quality_check`` in the report.
+    quality_check: bool = False
+    why_no_quality_check: str = (
+        "its noise is calibrated to the whole budget by itself, under replace-one, not against "
+        "releases already in the ledger: a check there would spend more than the target epsilon")
 
     def check(self, problem: Problem) -> None:
         """Refuses a problem this algorithm cannot solve, with a message naming the choice."""
