@@ -148,11 +148,11 @@ class QualityStage:
             out[:, 0] = self.loss.predict(s) == truth
             out[np.arange(len(truth)), 1 + truth] = 1.0
             return out
+        # In units of L (a / L and p / L in [-1, 1]): no square of a large L is formed.
         bound = float(self.label_bound)
-        a = np.clip(block.labels, -bound, bound)
-        p = np.clip(s[:, 0], -bound, bound)   # (clip maps +-inf scores to +-L)
-        return np.column_stack([(p * p - 2.0 * a * p) / (3.0 * bound * bound), a / bound,
-                                (a / bound) ** 2])
+        a = np.clip(block.labels / bound, -1.0, 1.0)
+        p = np.clip(s[:, 0] / bound, -1.0, 1.0)   # (clip maps +-inf scores to +-1)
+        return np.column_stack([(p * p - 2.0 * a * p) / 3.0, a, a * a])
 
     def partial_sum(self, block, state):
         rows = self.rows(block)
