@@ -192,7 +192,8 @@ def _add_ledger_arguments(parser) -> None:
         "budget (beam-dp ledger budget|show|explain); a rerun of the same release (same "
         "settings, same input files, same beam-dp) returns the released output without "
         "charging or training again. Exit codes: 3 refused (budget), 4 the same release is "
-        "running elsewhere, 75 --max-jobs reached.")
+        "running elsewhere, 6 the model was refused by the quality check (train), 75 "
+        "--max-jobs reached.")
     prod.add_argument("--ledger", default=None, metavar="URL",
                       help="the budget ledger: a SQLite file (a path; or sqlite:///relative, sqlite:////absolute) or "
                            "postgresql://... (password from PGPASSWORD or ~/.pgpass)")
