@@ -461,13 +461,16 @@ def test_ambssgd_report_epsilon_recomputed_with_dp_accounting(tmp_path, cli, reg
     for m in mechanisms:
         if m["name"] == "laplace_count":
             composed.append(ev.LaplaceDpEvent(1.0 / m["epsilon"]))
+        elif m["name"] == "gaussian_model_quality_sums":   # the quality check, reserved first
+            assert m["count"] == 1
+            composed.append(ev.GaussianDpEvent(m["noise_multiplier"]))
         else:
             assert m["name"] == "dp_ambssgd_blocks_parallel_composition" and m["count"] == 1
             assert m["noise_multiplier"] == privacy["noise_multiplier"]
             composed.append(ev.GaussianDpEvent(m["noise_multiplier"]))
-    assert [m["name"] for m in mechanisms][:1] == (["laplace_count"] if num_examples is None
-                                                  else ["dp_ambssgd_blocks_parallel_composition"])
-    assert len(mechanisms) == (2 if num_examples is None else 1)
+    assert [m["name"] for m in mechanisms][1:2] == (["laplace_count"] if num_examples is None
+                                                   else ["dp_ambssgd_blocks_parallel_composition"])
+    assert len(mechanisms) == (3 if num_examples is None else 2)
     recomputed = _pld_epsilon(ev.ComposedDpEvent(composed), 1e-5)
     assert privacy["epsilon"] == pytest.approx(recomputed, rel=1e-6)
     assert 0.99 <= privacy["epsilon"] <= 1.0
