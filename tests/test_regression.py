@@ -615,7 +615,8 @@ def test_ssp_report_epsilon_recomputed_with_dp_accounting(tmp_path, cli, regress
             "--noise", "float", *LOCAL, *extra)   # float: a Laplace count and C_x^2 + 1 below
     assert r.code == 0, r
     privacy = read_json(out / "privacy_report.json")
-    count, stats_release = privacy["mechanisms"]
+    check, count, stats_release = privacy["mechanisms"]   # the quality check reserved first
+    assert check["name"] == "gaussian_model_quality_sums" and check["count"] == 1
     assert count["name"] == "laplace_count" and count["count"] == 1
     assert stats_release["name"] == "gaussian_sufficient_statistics"
     # lambda_min (only for the private ridge), X^T X and X^T y: one multiplier for all.
@@ -627,7 +628,8 @@ def test_ssp_report_epsilon_recomputed_with_dp_accounting(tmp_path, cli, regress
     assert stats_release["feature_norm"] == pytest.approx(2 * math.sqrt(d))
     assert stats_release["sensitivities"] == pytest.approx(
         {"lambda_min": k_sens, "xtx": k_sens, "xty": math.sqrt(k_sens) * 4.0})
-    event = ev.ComposedDpEvent([ev.LaplaceDpEvent(1.0 / count["epsilon"]),
+    event = ev.ComposedDpEvent([ev.GaussianDpEvent(check["noise_multiplier"]),
+                                ev.LaplaceDpEvent(1.0 / count["epsilon"]),
                                 ev.SelfComposedDpEvent(ev.GaussianDpEvent(sigma), releases)])
     # The ledger collapses the k Gaussians into one (multiplier sigma / sqrt(k), exact); the PLD
     # of the k-fold composition differs from it only by discretization.
