@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from beam_dp import accounting, data, features, losses, mechanisms, report, user_level
+from beam_dp import accounting, data, features, losses, mechanisms, quality, report, user_level
 from beam_dp.algorithms import registry
 from beam_dp import schema as schema_mod
 from beam_dp.categorical import Encoding, make_encoding
@@ -34,6 +34,14 @@ _SCHEMA_DEFAULTS = dict(label_column="label", hash_seed=0)
 
 class PrivacyWarning(UserWarning):
     """A setting that weakens the guarantee (e.g. delta not small against 1/n)."""
+
+
+class QualityWarning(UserWarning):
+    """The private quality check found the model not better than a constant predictor on the
+    training data (``beam_dp.quality``)."""
+
+
+ModelQualityError = quality.ModelQualityError
 
 
 def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
@@ -54,7 +62,9 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
           missing: dict | None = None, ignore_columns: Sequence[str] | None = None,
           schema: "str | dict | None" = None, bounds: dict | None = None,
           privacy_unit_column: str | None = None, max_rows_per_user: int | None = None,
-          _instrument: Callable | None = None, **options) -> "Model":
+          quality_check: str = "on", quality_epsilon: float | None = None,
+          quality_label_bound: float | None = None, _instrument: Callable | None = None,
+          **options) -> "Model":
     """Trains a differentially private GLM; see the module docstring.
 
     ``epsilon`` (with ``delta``) calibrates the noise; ``noise_multiplier`` instead reports the
@@ -92,6 +102,13 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
 
     ``_instrument(problem, aggregator) -> (problem, aggregator)``: internal (``beam_dp.tune``
     keeps a candidate's training rows and gives it the released size).
+
+    The private quality check (``beam_dp.quality``, algorithms whose calibration counts the
+    releases already in the ledger): ``quality_check`` "on" (default) or "off";
+    ``quality_epsilon`` its share of epsilon (default 5 percent; part of the total, not on top);
+    ``quality_label_bound`` the public bound L of a regression's labels and predictions in it.
+    A model not better than a constant gives a ``QualityWarning``; one much worse (or with
+    non-finite coefficients) raises ``ModelQualityError`` and no model is returned.
     """
     if mechanisms.NOISE_SCALE_FOR_TESTS != 1.0:   # the audit's broken build must not train models
         raise RuntimeError("this process has mechanisms.NOISE_SCALE_FOR_TESTS set (a test-only "
@@ -125,16 +142,28 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
                categorical=dict(categorical_columns=categorical_columns, hash_buckets=hash_buckets,
                                 hash_seed=hash_seed, vocabulary=vocabulary,
                                 label_classes=label_classes, positive_class=positive_class,
-                                missing=missing, ignore_columns=ignore_columns))
+                                missing=missing, ignore_columns=ignore_columns),
+               quality_options=registry.make_options(quality.QualityOptions, dict(
+                   quality_check=quality_check, quality_epsilon=quality_epsilon,
+                   quality_label_bound=quality_label_bound)))
+    checked = run.quality or {}
+    if checked.get("status") == "much_worse":
+        raise ModelQualityError(quality.refusal_text(checked))
     artifact = report.model_artifact(run.loss, run.result.theta, run.feature_columns, label_column,
                                      run.algorithm.name, fit_intercept, run.result.feature_transform,
                                      run.result.constraint,
                                      run.encoding.spec() if run.encoding is not None else None)
     privacy_report = report.privacy_report(run.ledger, run.privacy, run.result, run.algorithm,
                                            run.options, seed_fixed=seed is not None)
+    if run.quality is not None:
+        privacy_report["quality_check"] = run.quality
     for message in _warnings(privacy_report, run.result.dataset_size):
         privacy_report.setdefault("warnings", []).append(message)
         warnings.warn(message, PrivacyWarning, stacklevel=2)
+    if checked.get("status") in ("not_better", "inconclusive"):
+        message = quality.warning_text(checked)
+        privacy_report.setdefault("warnings", []).append(message)
+        warnings.warn(message, QualityWarning, stacklevel=2)
     return Model(artifact, privacy_report)
 
 
@@ -150,6 +179,7 @@ class _Run:
     loss: losses.GlmLoss
     feature_columns: list
     encoding: Encoding | None = None
+    quality: dict | None = None   # the private quality check's report (None: not asked, the audit)
 
 
 def _run(X, y, *, input, algorithm, model, epsilon, delta, noise_multiplier, accountant,
@@ -158,10 +188,11 @@ def _run(X, y, *, input, algorithm, model, epsilon, delta, noise_multiplier, acc
          checkpoint_dir=None, progress=None, warm_start=None, max_jobs=None, budget_gate=None,
          options=None, instrument=None, categorical: dict | None = None,
          bounds: dict | None = None,
-         bounding: "user_level.UserBounding | None" = None) -> _Run:
+         bounding: "user_level.UserBounding | None" = None, quality_options=None) -> _Run:
     """``train`` up to its result: what ``train`` and ``beam_dp.audit.run`` share.
     ``instrument(problem, aggregator) -> (problem, aggregator)``: the audit's canaries (a wider
-    problem, an aggregator that injects them); None for training."""
+    problem, an aggregator that injects them); None for training. ``quality_options``: the
+    ``quality.QualityOptions`` of the private quality check (None: no check, e.g. the audit)."""
     chosen = registry.get(algorithm)
     if max_jobs is not None and (max_jobs < 1 or not checkpoint_dir):
         raise ValueError("max_jobs (--max-jobs) must be at least 1 and needs a checkpoint_dir "
@@ -221,16 +252,57 @@ def _run(X, y, *, input, algorithm, model, epsilon, delta, noise_multiplier, acc
         raise ValueError(USER_LEVEL_LEDGER)
     relation = accounting.USER_ADD_REMOVE if bounding is not None else chosen.relation
     ledger = accounting.Ledger(accountant, relation, gate=budget_gate)
+    run_seed = seed if seed is not None else mechanisms.secure_seed()
+    check, checked = None, None
+    if quality_options is not None and quality_options.quality_check == "off":
+        checked = {"status": "off", "reason": "quality_check off (--quality-check off)"}
+    elif quality_options is not None and not chosen.quality_check:
+        checked = {"status": "skipped", "reason": f"{chosen.name}: {chosen.why_no_quality_check}"}
+    elif quality_options is not None:
+        # Reserved before training, from public constants: the algorithm's calibration then
+        # meets the total (epsilon, delta) with the check's release in it.
+        bound = quality_options.quality_label_bound
+        if bound is None:   # an algorithm's own public label bound (ssp's --label-bound), if any
+            bound = getattr(algorithm_options, "label_bound", None)
+        # Secure noise where the algorithm's is (sparse input: float, as its steps).
+        secure = chosen.secure_noise and not problem.sparse and privacy.noise != "float"
+        check = quality.reserve(ledger, loss, privacy, epsilon=quality_options.quality_epsilon,
+                                label_bound=bound, secure=secure)
     try:
         if instrument is not None:
             problem, aggregator = instrument(problem, aggregator)
-        result = chosen.train(algorithm_options, problem, aggregator,
-                              seed if seed is not None else mechanisms.secure_seed(), ledger,
+        result = chosen.train(algorithm_options, problem, aggregator, run_seed, ledger,
                               progress or (lambda done, total, eps: None))
+        if quality_options is not None:   # (even with the check off: such a model is no model)
+            quality.check_finite(result.theta)
+        label_range = (getattr(result, "preprocessing", None) or {}).get("label_range")
+        if (check is not None and check.label_bound is not None and label_range
+                and quality_options.quality_label_bound is None
+                and getattr(algorithm_options, "label_bound", None) is None):
+            # The label's declared or released range (public) is its scale: the check's L.
+            # Its noise does not depend on L (the sums are normalized by it).
+            check = dataclasses.replace(check, label_bound=float(max(abs(v) for v in label_range)))
+        if check is not None:
+            # A run resumed after it finished finds its check's release beside the checkpoint.
+            noisy = quality.load_saved(problem.checkpoint_dir, result.theta, check)
+            if noisy is None:
+                stage = check.stage(loss, result.theta, result.feature_transform, run_seed)
+                noisy = aggregator.run_stages([stage], {})[stage.key]
+                quality.save(problem.checkpoint_dir, result.theta, check, noisy)
+            checked = quality.verdict(loss, noisy, check.noise_multiplier, check.label_bound,
+                                      result.dataset_size["value"])
+            checked.update(
+                covered_by_privacy_guarantee=True,
+                note=(f"noisy sums over the training data: DP releases ({quality.RELEASE} in the "
+                      "ledger), counted in the run's epsilon; never exact values"),
+                noise_multiplier=check.noise_multiplier, epsilon_share=check.epsilon_share,
+                noise=check.noise)
+            if check.label_bound is not None:
+                checked["label_bound"] = check.label_bound
     finally:
         aggregator.close()
     return _Run(result, ledger, chosen, algorithm_options, privacy, loss, list(feature_columns),
-                encoding)
+                encoding, checked)
 
 
 def _declared_bounds(bounds: dict, dense_names: list, label_column: str, loss,

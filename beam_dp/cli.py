@@ -203,7 +203,8 @@ def _add_ledger_arguments(parser) -> None:
         "budget (beam-dp ledger budget|show|explain); a rerun of the same release (same "
         "settings, same input files, same beam-dp) returns the released output without "
         "charging or training again. Exit codes: 3 refused (budget), 4 the same release is "
-        "running elsewhere, 75 --max-jobs reached.")
+        "running elsewhere, 6 the model was refused by the quality check (train), 75 "
+        "--max-jobs reached.")
     prod.add_argument("--ledger", default=None, metavar="URL",
                       help="the budget ledger: a SQLite file (a path; or sqlite:///relative, sqlite:////absolute) or "
                            "postgresql://... (password from PGPASSWORD or ~/.pgpass)")
@@ -393,6 +394,11 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                           "model.json): dpgd and dpsgd; free (post-processing of a release)")
 
     _add_ledger_arguments(train)
+    from beam_dp import quality
+    registry.add_arguments(train.add_argument_group(
+        "quality check", "A private comparison of the trained model with the best constant "
+        "predictor on the training data, within the run's epsilon (see README)."),
+        quality.QualityOptions)
 
     _add_algorithm_arguments(train, argv, algorithms)
 
@@ -675,6 +681,9 @@ def _main(argv: list[str]) -> int:
         return _predict(args)
     except KeyboardInterrupt:
         return _interrupted(args)
+    except _quality_error() as e:   # its text: public settings and noisy (DP) figures only
+        print(f"beam-dp: error: {_one_line(e)}", file=sys.stderr)
+        return EXIT_QUALITY
     except _ledger_error() as e:
         print(f"beam-dp: error: {e}", file=sys.stderr)
         return 2
@@ -691,6 +700,11 @@ def _main(argv: list[str]) -> int:
             print(f"beam-dp: error: {line.strip()}", file=sys.stderr)
             return 2
         raise
+
+
+def _quality_error() -> type:
+    from beam_dp.quality import ModelQualityError
+    return ModelQualityError
 
 
 def _ledger_error() -> type:
@@ -801,6 +815,7 @@ EXIT_REFUSED = 3        # the budget ledger refused the run
 EXIT_IN_PROGRESS = 4    # the same release is running elsewhere (its lock is held)
 EXIT_MORE_JOBS = 75     # --max-jobs reached: state checkpointed, run the same command again
 EXIT_AUDIT_VIOLATION = 5   # beam-dp audit: the lower bound exceeds the claimed epsilon
+EXIT_QUALITY = 6        # the model diverged or is much worse than a constant: nothing written
 
 
 def _release(args, chosen, input_files, validation_files):
@@ -1065,6 +1080,7 @@ def _train_and_write(api, args, beam_args, options, validation_files, release, l
     try:
         with warnings.catch_warnings():   # printed below as one line, not as Python's warning
             warnings.simplefilter("ignore", api.PrivacyWarning)
+            warnings.simplefilter("ignore", api.QualityWarning)
             model = _train_model(api, args, beam_args, options, gate)
     except JobLimitReached as e:
         where = (f"the state is in {args.checkpoint_dir}: run the same command again to go on"
@@ -1130,7 +1146,8 @@ def _train_model(api, args, beam_args, options, gate=None):
         label_classes=args.label_classes, positive_class=args.positive_class,
         missing=_missing_policies(args.missing), ignore_columns=args.ignore_columns,
         privacy_unit_column=args.privacy_unit_column, max_rows_per_user=args.max_rows_per_user,
-        **options)
+        quality_check=args.quality_check, quality_epsilon=args.quality_epsilon,
+        quality_label_bound=args.quality_label_bound, **options)
 
 
 def _concat_ids(pieces: list):

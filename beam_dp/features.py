@@ -112,6 +112,12 @@ class ScaleColumns:
                              / label_half, -self.label_reach, self.label_reach)
         return Block(scaled, labels, block.source, block.row_start, tag=block.tag)
 
+    def label_range(self) -> list:
+        """The label's values as training saw them (clipped to its reach), in its units."""
+        half = (self.label_high - self.label_low) / 2.0
+        mid = self.label_low + half
+        return [mid - self.label_reach * half, mid + self.label_reach * half]
+
     def unscale_label(self, theta: np.ndarray) -> np.ndarray:
         """Coefficients trained on the scaled label, in the label's units: y = mid + half * y'
         (a post-processing of the released model)."""

@@ -574,6 +574,22 @@ def _build(model: dict, privacy: dict, metrics: dict | None) -> str:
                      (f"<p class='note'>{_e(metrics['note'])}</p>" if metrics.get("note") else "")
                      + "</div>")
 
+    check = privacy.get("quality_check")
+    if isinstance(check, dict):   # DP releases (noisy sums in the ledger), unlike the metrics above
+        parts.append("<h2>Private quality check (training data)</h2>")
+        rows = [("status", _e(check.get("status", "")))]
+        for key in ("metric", "reason", "rule", "noise"):
+            if check.get(key) is not None:
+                rows.append((key, _e(check[key])))
+        for key in ("model", "constant", "constant_minus_model"):
+            figure = check.get(key)
+            if isinstance(figure, dict) and figure.get("value") is not None:
+                rows.append((f"{key} (noisy)", f"{_number(figure['value'])} &plusmn; "
+                                               f"{_number(figure.get('noise_std'))} (noise std)"))
+        parts.append(_table(rows))
+        if check.get("note"):
+            parts.append(f"<p class='note'>{_e(check['note'])}</p>")
+
     parts.append("<h2>Largest coefficients</h2>")
     coefficients = _coefficients(model)
     top = sorted(coefficients, key=lambda c: -abs(c[1]))[:TOP_COEFFICIENTS]

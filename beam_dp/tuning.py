@@ -579,6 +579,7 @@ def _train_candidate(api, X, y, input, algorithm, model, delta, the_plan: Plan, 
                               noise_multiplier=multiplier, delta=delta, accountant="rdp",
                               noise="float", runner="local", seed=seed, _instrument=splitter,
                               scale_features="none",   # (the splitter released the ranges once)
+                              quality_check="off",     # (the held-out score is the check here)
                               **rest, **setting)
     # The candidate must have released no more than the plan's training event.
     spent = _rdp(_candidate_ledger_event(candidate))

@@ -92,9 +92,12 @@ def test_make_data_then_train_local_writes_the_artifacts(tmp_path, cli):
     assert privacy["noise_multiplier"] == 1.2 and privacy["steps"] == 5
     assert privacy["clip_norm"] == 1.0 and privacy["delta"] == 1e-5
     assert 0 < privacy["epsilon"] < math.inf
-    # Secure noise by default: a discrete Laplace count and discrete Gaussian steps.
+    # Secure noise by default: the quality check's sums (reserved first), a discrete Laplace
+    # count and discrete Gaussian steps.
     assert [m["name"] for m in privacy["mechanisms"]] == [
-        "discrete_laplace_count", "poisson_sampled_gaussian_clipped_gradient_sum"]
+        "gaussian_model_quality_sums", "discrete_laplace_count",
+        "poisson_sampled_gaussian_clipped_gradient_sum"]
+    assert privacy["quality_check"]["status"] in ("better", "not_better", "inconclusive")
     assert privacy["mechanisms"][-1]["noise"].startswith("discrete Gaussian on exact integer sums")
 
     metrics = read_json(out / "metrics.json")
@@ -140,7 +143,10 @@ def _recompute_epsilon(privacy: dict) -> float:
         accountant = rdp_privacy_accountant.RdpAccountant(neighboring_relation=relation)
     names = [m["name"] for m in privacy["mechanisms"]]
     for m in privacy["mechanisms"]:
-        if m["name"] == "laplace_count":
+        if m["name"] == "gaussian_model_quality_sums":   # the quality check: one Gaussian sum
+            assert m["count"] == 1
+            accountant.compose(ev.GaussianDpEvent(m["noise_multiplier"]))
+        elif m["name"] == "laplace_count":
             assert m["count"] == 1 and m["sensitivity"] == 1
             accountant.compose(ev.LaplaceDpEvent(1.0 / m["epsilon"]))
         elif m["name"] == "discrete_laplace_count":
@@ -186,9 +192,9 @@ def test_report_epsilon_recomputed_independently(tmp_path, cli, small_binary, ac
         assert privacy["dataset_size"] == {"source": "public (--num-examples)", "value": SMALL_N}
         assert privacy["sampling_probability"] == pytest.approx(300 / SMALL_N)
     else:
-        assert names[0] == "discrete_laplace_count"   # secure noise, the default
+        assert names[1] == "discrete_laplace_count"   # secure noise, the default
         # The default count budget is 1% of epsilon.
-        assert privacy["mechanisms"][0]["epsilon"] == pytest.approx(0.01)
+        assert privacy["mechanisms"][1]["epsilon"] == pytest.approx(0.01)
         assert privacy["sampling_probability"] == pytest.approx(
             300 / privacy["dataset_size"]["value"])
 

@@ -464,13 +464,16 @@ def test_ambssgd_report_epsilon_recomputed_with_dp_accounting(tmp_path, cli, reg
     for m in mechanisms:
         if m["name"] == "laplace_count":
             composed.append(ev.LaplaceDpEvent(1.0 / m["epsilon"]))
+        elif m["name"] == "gaussian_model_quality_sums":   # the quality check, reserved first
+            assert m["count"] == 1
+            composed.append(ev.GaussianDpEvent(m["noise_multiplier"]))
         else:
             assert m["name"] == "dp_ambssgd_blocks_parallel_composition" and m["count"] == 1
             assert m["noise_multiplier"] == privacy["noise_multiplier"]
             composed.append(ev.GaussianDpEvent(m["noise_multiplier"]))
-    assert [m["name"] for m in mechanisms][:1] == (["laplace_count"] if num_examples is None
-                                                  else ["dp_ambssgd_blocks_parallel_composition"])
-    assert len(mechanisms) == (2 if num_examples is None else 1)
+    assert [m["name"] for m in mechanisms][1:2] == (["laplace_count"] if num_examples is None
+                                                   else ["dp_ambssgd_blocks_parallel_composition"])
+    assert len(mechanisms) == (3 if num_examples is None else 2)
     recomputed = _pld_epsilon(ev.ComposedDpEvent(composed), 1e-5)
     assert privacy["epsilon"] == pytest.approx(recomputed, rel=1e-6)
     assert 0.99 <= privacy["epsilon"] <= 1.0
@@ -615,7 +618,8 @@ def test_ssp_report_epsilon_recomputed_with_dp_accounting(tmp_path, cli, regress
             "--noise", "float", *LOCAL, *extra)   # float: a Laplace count and C_x^2 + 1 below
     assert r.code == 0, r
     privacy = read_json(out / "privacy_report.json")
-    count, stats_release = privacy["mechanisms"]
+    check, count, stats_release = privacy["mechanisms"]   # the quality check reserved first
+    assert check["name"] == "gaussian_model_quality_sums" and check["count"] == 1
     assert count["name"] == "laplace_count" and count["count"] == 1
     assert stats_release["name"] == "gaussian_sufficient_statistics"
     # lambda_min (only for the private ridge), X^T X and X^T y: one multiplier for all.
@@ -627,7 +631,8 @@ def test_ssp_report_epsilon_recomputed_with_dp_accounting(tmp_path, cli, regress
     assert stats_release["feature_norm"] == pytest.approx(2 * math.sqrt(d))
     assert stats_release["sensitivities"] == pytest.approx(
         {"lambda_min": k_sens, "xtx": k_sens, "xty": math.sqrt(k_sens) * 4.0})
-    event = ev.ComposedDpEvent([ev.LaplaceDpEvent(1.0 / count["epsilon"]),
+    event = ev.ComposedDpEvent([ev.GaussianDpEvent(check["noise_multiplier"]),
+                                ev.LaplaceDpEvent(1.0 / count["epsilon"]),
                                 ev.SelfComposedDpEvent(ev.GaussianDpEvent(sigma), releases)])
     # The ledger collapses the k Gaussians into one (multiplier sigma / sqrt(k), exact); the PLD
     # of the k-fold composition differs from it only by discretization.

@@ -375,8 +375,8 @@ def train(config: NoisyGDConfig, a_config: AmbssgdConfig, loss: GlmLoss, dim: in
         prior = ledger.event()
         if ledger.epsilon(config.delta) >= config.epsilon:
             raise ValueError("the releases before the pass (the dataset-size count, the step "
-                             "size's curvature) spend the budget; give --num-examples or a "
-                             "smaller --curvature-epsilon")
+                             "size's curvature, the quality check) spend the budget; give "
+                             "--num-examples or a smaller --curvature-epsilon")
         sigma = accounting.calibrate_noise_multiplier(
             lambda s: events.ComposedDpEvent([prior, events.GaussianDpEvent(s)]),
             config.epsilon, config.delta, config.accountant)
@@ -594,4 +594,4 @@ DP_AMBSSGD = Algorithm(
     "dp-ambssgd", "linear regression on 100,000+ rows of standardized data: one pass, adaptive "
                   "clipping; its error vanishes as the observation noise does (paper 003)",
     ("linear",), AmbssgdConfig, _train_registered, checkpoints=False, no_intercept=False,
-    secure_noise=True)
+    secure_noise=True, quality_check=True)

@@ -246,4 +246,5 @@ def _train_registered(options: DpsgdFOptions, problem: Problem, aggregator, seed
 DPSGD_F = Algorithm(
     "dpsgd-f", "features far from the origin or of very different norms (paper 000): DP-SGD "
                "after a private mean-centering of the features",
-    MODEL_NAMES, DpsgdFOptions, _train_registered, secure_noise=True)
+    MODEL_NAMES, DpsgdFOptions, _train_registered, secure_noise=True,
+    quality_check=True)

@@ -27,6 +27,7 @@ summed gradient to C (``UserGradientStep``, ``beam_dp.user_level``), and n is a 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from typing import Callable
 
@@ -633,6 +634,19 @@ def release_dataset_size(config: NoisyGDConfig, aggregator: Aggregator, seed: in
             "normalizer_floor": scale * math.log(1.0 / (2.0 * COUNT_FAILURE))}
 
 
+def _recorded_before(ledger: accounting.Ledger, saved: list) -> int:
+    """How many of a checkpoint's saved releases the ledger already holds: those recorded before
+    ``train`` was called (the quality check's reservation, ``beam_dp.quality``) are recorded
+    again by the resumed run's caller, and must not be counted twice."""
+    held = [{"name": r.name, "event": accounting.event_to_json(r.event), "count": r.count,
+             "params": r.params} for r in ledger.releases]
+    if json.loads(json.dumps(saved[:len(held)], default=str)) != json.loads(json.dumps(held, default=str)):
+        raise ValueError("the checkpoint was written by a run whose releases before training "
+                         "differ from this one's (e.g. other quality-check settings); use another "
+                         "--checkpoint-dir or the same settings")
+    return len(held)
+
+
 def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator, seed: int,
           ledger: accounting.Ledger,
           on_progress: Callable[[int, int, float], None] = lambda done, total, eps: None,
@@ -668,7 +682,7 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
     resumed = load_checkpoint(checkpoint_dir, public_config) if checkpoint_dir else None
     if resumed is not None:
         state, plan = resumed
-        for r in plan["releases"]:
+        for r in plan["releases"][_recorded_before(ledger, plan["releases"]):]:
             ledger.record(r["name"], accounting.event_from_json(r["event"]), r["count"], **r["params"])
     else:
         state = TrainState.zeros(loss.outputs(), dim)
@@ -1025,9 +1039,12 @@ def _train_noisy(name: str, options, problem: Problem, aggregator, seed: int, le
                    initial_theta=problem.initial_theta, make_step_scale=make_step_scale,
                    user_bounding=bounding)
     applied = make_transform(result.preprocessing) if make_transform else None
-    theta = applied.unscale_label(result.theta) if isinstance(applied, features.ScaleColumns) \
-        else result.theta
-    return dataclasses.replace(result, theta=theta, feature_transform=features.spec(applied))
+    theta, preprocessing = result.theta, result.preprocessing
+    if isinstance(applied, features.ScaleColumns) and applied.label_low is not None:
+        theta = applied.unscale_label(result.theta)
+        preprocessing = {**preprocessing, "label_range": applied.label_range()}
+    return dataclasses.replace(result, theta=theta, preprocessing=preprocessing,
+                               feature_transform=features.spec(applied))
 
 
 def _check_user_level(options, problem: Problem) -> None:
@@ -1294,8 +1311,9 @@ DPGD = Algorithm(
     "dpgd", "classification or regression on up to a few million rows: full-batch noisy "
             "gradient descent; accurate at small epsilon, each step reads all the data",
     MODEL_NAMES, DpgdOptions, _train_dpgd, warm_start=True, secure_noise=True, sparse_input=True,
-    user_level=True)
+    user_level=True, quality_check=True)
 DPSGD = Algorithm(
     "dpsgd", "large data where a full pass per step is too slow: Poisson-sampled mini-batches, "
              "each step reads only its batch; needs more tuning than dpgd",
-    MODEL_NAMES, ScaledDpsgdOptions, _train_dpsgd, warm_start=True, secure_noise=True)
+    MODEL_NAMES, ScaledDpsgdOptions, _train_dpsgd, warm_start=True, secure_noise=True,
+    quality_check=True)

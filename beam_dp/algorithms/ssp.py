@@ -371,7 +371,8 @@ def _train_secure(config, s_config, dim, aggregator, seed, ledger, dataset_size,
     draws = [(size * (size + 1) // 2, scales["xtx"]), (size, scales["xty"])]
     if s_config.ridge is None:
         draws.append((1, scales["lambda_min"]))
-    variation = noisy_gd.draws_total_variation(draws)
+    # (With the secure releases already in the ledger, e.g. the quality check's reserved sums.)
+    variation = noisy_gd.draws_total_variation(draws) + noisy_gd.prior_total_variation(ledger)
     event = events.GaussianDpEvent(sigma)
     epsilon = config.epsilon if config.epsilon is not None else accounting.epsilon_of(
         ledger.event_after("gaussian_sufficient_statistics", event, releases), config.delta,
@@ -423,4 +424,4 @@ SSP = Algorithm(
     "ssp", "linear regression with few features (d up to ~100): one pass, no learning rate or "
            "steps to tune; its error grows like d^3 / (eps n)^2",
     ("linear",), SspConfig, _train_registered, checkpoints=False, no_intercept=False,
-    secure_noise=True)
+    secure_noise=True, quality_check=True)

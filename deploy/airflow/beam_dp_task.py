@@ -15,11 +15,14 @@ from typing import Callable
 NOT_FINISHED = 75      # --max-jobs reached and checkpointed: run the same command again
 BUDGET_REFUSED = 3     # the ledger refused the run: rerunning cannot help
 USAGE_ERROR = 2        # bad flags or bad data: rerunning cannot help
+QUALITY_REFUSED = 6    # the model diverged or is much worse than a constant: rerunning spends
+                       # budget on the same settings (a resumed one finds the same verdict)
 DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 
 class CannotSucceed(RuntimeError):
-    """beam-dp refused the run (budget, usage or data): a retry would fail the same way."""
+    """beam-dp refused the run (budget, usage, data, or a model much worse than a constant): a
+    retry would fail the same way."""
 
 
 def _join(root: str, *parts: str) -> str:
@@ -68,7 +71,7 @@ def redacted(command: list[str]) -> str:
 def run_until_done(command: list[str], log: Callable[[str], None],
                    max_runs: int = 1000) -> int:
     """Runs ``command`` again while it exits 75; returns how many times it ran. Raises
-    CannotSucceed on exit 2 or 3 (with beam-dp's error line), RuntimeError on other failures
+    CannotSucceed on exit 2, 3 or 6 (with beam-dp's error line), RuntimeError on other failures
     (the task's retries then resume from the checkpoint)."""
     for run in range(1, max_runs + 1):
         log(f"running ({run}): {redacted(command)}")
@@ -89,6 +92,7 @@ def run_until_done(command: list[str], log: Callable[[str], None],
         if code != NOT_FINISHED:
             errors = [l for l in lines if l.startswith("beam-dp: error")] or lines[-1:]
             message = f"beam-dp exited with code {code}: {' '.join(errors)}"
-            raise (CannotSucceed if code in (BUDGET_REFUSED, USAGE_ERROR) else RuntimeError)(message)
+            raise (CannotSucceed if code in (BUDGET_REFUSED, USAGE_ERROR, QUALITY_REFUSED)
+                   else RuntimeError)(message)
         log("beam-dp: not finished (exit code 75): running the same command again")
     raise RuntimeError(f"beam-dp still not finished after {max_runs} runs")

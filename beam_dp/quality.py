@@ -1,0 +1,374 @@
+"""A private check of a trained model against the best constant predictor on the training data.
+
+Issue 15: no run that ends with exit code 0 may write a model worse than a constant predictor
+on the training distribution without saying so. The check is one more stage over the training
+data, through the run's own Aggregator, after training: per-row bounded quantities summed
+exactly and released with Gaussian noise (a ``GaussianDpEvent`` under add/remove, whose L2
+sensitivity is the bound on one row's vector, derived below). Its noise depends on public
+constants only, so its event goes into the ledger *before* training (``reserve``): every
+algorithm that calibrates its noise against the releases already in the ledger then meets the
+run's total (epsilon, delta) with the check included.
+
+What is released (``QualityStage``; every figure a DP release, never an exact value):
+
+* classifiers (logistic, hinge, softmax): per row the vector [c, e_y], c = 1 if the model's
+  prediction is the label, e_y the one-hot of the label among the K classes (K = 2 for binary).
+  Its L2 norm is at most sqrt(1 + 1) = sqrt(2), so adding or removing one row moves the sum by
+  at most sqrt(2): noise std per coordinate tau = m sqrt(2) for multiplier m. From the noisy
+  sums C (correct) and N_k (class counts): n = sum N_k, the model's errors n - C, and the
+  best constant's (the noisy majority class k*) n - N_k*.
+* regression (linear, huber): labels and predictions clamped to [-L, L] (L public:
+  ``label_bound``), a = clamp(y), p = clamp(y_hat). Per row [(p^2 - 2 a p) / (3 L^2), a / L,
+  a^2 / L^2]: p^2 - 2ap lies in [-L^2, 3 L^2], so each coordinate lies in [-1, 1] and the row's
+  L2 norm is at most sqrt(3): tau = m sqrt(3). With the sums Q, S1, S2 (in those units) and the
+  run's n (public, or its released count): the model's squared error sum (a - p)^2 = 3 L^2 Q +
+  L^2 S2, the best constant's (the mean of a) L^2 S2 - L^2 S1^2 / n. Clamping both sides is a
+  1-Lipschitz projection, so the model's clamped error never exceeds its true error against the
+  clamped labels.
+
+The rule (``verdict``), on the noisy figures and the std of their noise (the delta method for
+the regression's S1^2 / n term; the error of a released n and the noisy choice of k* are not
+in the std): "not better than constant" when (constant's error - model's error) is not above
+NOT_BETTER_Z standard deviations; "much worse" (the run stops, writing no model) when (model's
+error - MUCH_WORSE x constant's error) is above MUCH_WORSE_Z standard deviations. When the noise is
+too large against the data size for either (INFORMATIVE), it is "inconclusive", which warns as
+"not better" does. A model with non-finite coefficients is refused before any check
+(``check_finite``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import tempfile
+
+import numpy as np
+from dp_accounting import dp_event as events
+
+from beam_dp import accounting, clipping, features, losses, mechanisms, stats
+from beam_dp.algorithms import registry
+
+# The check's default share of epsilon: its noise multiplier is calibrated (dp_accounting) so
+# that it alone would cost this share; the algorithm's calibration then fits the rest around it.
+QUALITY_SHARE = 0.05
+# Regression: the public bound L labels and predictions are clamped to, where the algorithm
+# declares none (ssp's --label-bound is used where it exists).
+DEFAULT_LABEL_BOUND = 4.0
+NOT_BETTER_Z = 2.0     # ~2.3% of models better than the constant by exactly 2 std are flagged
+MUCH_WORSE = 4.0       # "much worse": an error above 4x the constant's
+# A refusal costs the run its model, so it asks for more evidence than a warning: a model at
+# exactly 4x the constant's error is refused with probability ~0.13%.
+MUCH_WORSE_Z = 3.0
+# Below this many rows per unit of noise the figures say nothing (and the normalizations by a
+# noisy n leave their linear range): the check is "inconclusive" when the noise std of the
+# model's per-row error passes this share of that error's range (1 for an error rate, 4 L^2
+# for a clamped squared error). At epsilon 1 and the default share that is about n < 1,500.
+INFORMATIVE = 0.1
+RELEASE = "gaussian_model_quality_sums"
+_STREAM = 31          # stats stream of the check's noise (other stages use 0-13)
+
+
+@dataclasses.dataclass
+class QualityOptions:
+    """The check's options (flags of ``beam-dp train``, keywords of ``beam_dp.train``)."""
+
+    quality_check: str = registry.option(
+        "on", "after training, compare the model privately with the best constant predictor on "
+              "the training data (noisy sums, budget reserved before training): warn when it is "
+              "not better, stop without writing a model when it is much worse; 'off' skips it",
+        choices=("on", "off"))
+    quality_epsilon: float | None = registry.option(
+        None, "the check's share of epsilon (part of the total, not on top of it); default a "
+              "twentieth of epsilon, or the run's noise multiplier with --noise-multiplier",
+        low=0, low_open=True)
+    quality_label_bound: float | None = registry.option(
+        None, "regression: the public bound L to which the check clamps labels and predictions "
+              "(set it to the labels' scale); default the algorithm's --label-bound, else 4",
+        low=0, low_open=True)
+
+
+class ModelQualityError(RuntimeError):
+    """The trained model is unusable (non-finite coefficients, or privately much worse than a
+    constant predictor): no model is written. The message holds public and noisy figures only."""
+
+
+def check_finite(theta: np.ndarray) -> None:
+    if not np.all(np.isfinite(theta)):
+        raise ModelQualityError(
+            "the trained coefficients are not finite (the optimizer diverged); no model was "
+            "written: lower the learning rate or the clip norm, scale the features "
+            "(--scale-features auto or --feature-norm), or give more epsilon")
+
+
+def _classes(loss: losses.GlmLoss) -> int:
+    return loss.outputs() if loss.name == "softmax" else 2
+
+
+@dataclasses.dataclass(frozen=True)
+class QualityStage:
+    """The check's sums (module docstring) with Gaussian noise: writes ``state[key]``, the
+    noisy sums in the units of the docstring. ``theta`` and ``transform`` (the model's recorded
+    feature map) are the released model: public."""
+
+    loss: losses.GlmLoss
+    theta: np.ndarray
+    transform: dict | None
+    noise_multiplier: float
+    seed: int
+    label_bound: float | None = None   # L (regression only)
+    stream: tuple = (_STREAM,)
+    noise: str = "float"    # "secure": exact sum on a grid, discrete Gaussian (stats.mean_grid)
+    key: str = "quality"
+
+    @property
+    def columns(self) -> int:
+        return 1 + _classes(self.loss) if self.loss.is_classifier else 3
+
+    @property
+    def shape(self):
+        return (self.columns,)
+
+    @property
+    def sensitivity(self) -> float:
+        """The L2 bound of one row's vector (module docstring)."""
+        return math.sqrt(2.0) if self.loss.is_classifier else math.sqrt(3.0)
+
+    def zero_sum(self):
+        if self.noise == "secure":
+            return clipping.ExactSum.zeros(self.shape)
+        return np.zeros(self.shape)
+
+    def rows(self, block) -> np.ndarray:
+        s = losses.scores(self.theta, features.from_spec(self.transform)(block).features)
+        if self.loss.is_classifier:
+            k = _classes(self.loss)
+            truth = ((block.labels > 0).astype(np.int64) if self.loss.name in ("logistic", "hinge")
+                     else np.asarray(block.labels, dtype=np.int64))
+            out = np.zeros((len(truth), 1 + k))
+            out[:, 0] = self.loss.predict(s) == truth
+            out[np.arange(len(truth)), 1 + truth] = 1.0
+            return out
+        # In units of L (a / L and p / L in [-1, 1]): no square of a large L is formed.
+        bound = float(self.label_bound)
+        a = np.clip(block.labels / bound, -1.0, 1.0)
+        p = np.clip(s[:, 0] / bound, -1.0, 1.0)   # (clip maps +-inf scores to +-1)
+        return np.column_stack([(p * p - 2.0 * a * p) / 3.0, a, a * a])
+
+    def partial_sum(self, block, state):
+        rows = self.rows(block)
+        if self.noise == "secure":
+            return stats._secure_row_sum(rows, self.sensitivity, self.noise_multiplier)
+        return rows.sum(axis=0)
+
+    def apply(self, state, total):
+        if self.noise == "secure":
+            noisy = stats._secure_noisy_sum(self, total, self.sensitivity, self.columns)
+        else:
+            noisy = total + mechanisms.gaussian_noise(stats._rng(self), total.shape,
+                                                      self.noise_multiplier * self.sensitivity)
+        return {**state, self.key: np.asarray(noisy, dtype=np.float64)}
+
+    def releases(self):
+        params = {"noise_multiplier": self.noise_multiplier, "sensitivity": self.sensitivity,
+                  "sums": ("[model correct, class counts]" if self.loss.is_classifier else
+                           "[(p^2 - 2ap) / 3L^2, a / L, a^2 / L^2], a and p the label and "
+                           "prediction clamped to [-L, L]"),
+                  "purpose": "the model-quality check against a constant predictor"}
+        if self.label_bound is not None:
+            params["label_bound"] = self.label_bound
+        if self.noise == "secure":
+            params.update(noise=stats.SECURE_MEAN_NOISE,
+                          sampler_total_variation=stats.mean_sampler_variation(self.columns))
+        else:
+            params["noise"] = "float Gaussian (numpy)"
+        return [(RELEASE, events.GaussianDpEvent(self.noise_multiplier), 1, params)]
+
+
+@dataclasses.dataclass
+class Check:
+    """A reserved check: its noise and bound, fixed before training."""
+
+    noise_multiplier: float
+    label_bound: float | None
+    noise: str
+    epsilon_share: float | None   # the epsilon it was calibrated to alone (None: --noise-multiplier)
+
+    def stage(self, loss, theta, transform, seed: int) -> QualityStage:
+        return QualityStage(loss, np.array(theta, dtype=np.float64), transform,
+                            self.noise_multiplier, stats.stages_seed(seed), self.label_bound,
+                            noise=self.noise)
+
+
+SAVED = "quality.json"
+
+
+def _fingerprint(theta: np.ndarray, check: Check) -> str:
+    import hashlib
+    digest = hashlib.sha256(np.ascontiguousarray(theta, dtype=np.float64).tobytes())
+    digest.update(repr((check.noise_multiplier, check.label_bound, check.noise)).encode())
+    return digest.hexdigest()
+
+
+def load_saved(directory: str | None, theta: np.ndarray, check: Check) -> np.ndarray | None:
+    """The check's noisy sums saved in a checkpoint directory for this very model and check
+    (a run resumed after it finished: the data is not read again, nor the release repeated)."""
+    if not directory:
+        return None
+    path = directory.rstrip("/") + "/" + SAVED
+    import json
+    if "://" in directory:
+        from apache_beam.io.filesystems import FileSystems
+        if not FileSystems.exists(path):
+            return None
+        with FileSystems.open(path) as f:
+            saved = json.loads(f.read().decode())
+    else:
+        if not os.path.exists(path):
+            return None
+        with open(path) as f:
+            saved = json.load(f)
+    if saved.get("fingerprint") != _fingerprint(theta, check):
+        return None
+    return np.asarray(saved["noisy_sums"], dtype=np.float64)
+
+
+def save(directory: str | None, theta: np.ndarray, check: Check, noisy: np.ndarray) -> None:
+    """Beside the checkpoint: the noisy sums (a DP release, as the checkpointed state is)."""
+    if not directory:
+        return
+    import json
+    text = json.dumps({"fingerprint": _fingerprint(theta, check),
+                       "noisy_sums": [float(v) for v in np.ravel(noisy)]})
+    path = directory.rstrip("/") + "/" + SAVED
+    if "://" in directory:
+        from apache_beam.io.filesystems import FileSystems
+        with FileSystems.create(path) as f:
+            f.write(text.encode())
+        return
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, suffix=".json.tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def reserve(ledger: accounting.Ledger, loss: losses.GlmLoss, privacy, *, epsilon: float | None,
+            label_bound: float | None, secure: bool) -> Check:
+    """The check's noise (from public constants only), recorded in ``ledger`` before training.
+    ``epsilon``: its share (default QUALITY_SHARE of the run's epsilon); with a noise multiplier
+    instead of an epsilon, that multiplier unless ``epsilon`` is given."""
+    if epsilon is not None and not (epsilon > 0 and math.isfinite(epsilon)):
+        raise ValueError("quality_epsilon (--quality-epsilon) must be a positive number")
+    if privacy.epsilon is not None:
+        share = epsilon if epsilon is not None else QUALITY_SHARE * privacy.epsilon
+        if share >= privacy.epsilon:
+            raise ValueError(f"--quality-epsilon {share:g} leaves nothing of epsilon "
+                             f"{privacy.epsilon:g} for training")
+    else:
+        share = epsilon
+    if share is not None:
+        multiplier = accounting.calibrate_noise_multiplier(
+            lambda m: events.GaussianDpEvent(m), share, privacy.delta, privacy.accountant,
+            ledger.neighbouring, guess=math.sqrt(2.0 * math.log(1.25 / privacy.delta)) / share,
+            slope=-1.0)
+    else:
+        multiplier = float(privacy.noise_multiplier)
+    bound = None
+    if not loss.is_classifier:
+        bound = float(label_bound if label_bound is not None else DEFAULT_LABEL_BOUND)
+        if not (bound > 0 and math.isfinite(bound) and bound <= 1e150):
+            raise ValueError("quality_label_bound (--quality-label-bound) must be in (0, 1e150]")
+    check = Check(multiplier, bound, "secure" if secure else "float", share)
+    # The noise is decided here: only the stage's shape and bound matter to its releases.
+    probe = QualityStage(loss, np.zeros((loss.outputs(), 1)), None, multiplier, 0, bound,
+                         noise=check.noise)
+    if check.noise == "secure":
+        stats.mean_grid(probe.sensitivity, multiplier, probe.columns)   # refuses an odd multiplier
+    stats.record_releases([probe], ledger)
+    return check
+
+
+def _std(tau: float, gradient) -> float:
+    return float(tau * np.linalg.norm(np.asarray(gradient, dtype=np.float64)))
+
+
+def verdict(loss: losses.GlmLoss, noisy: np.ndarray, noise_multiplier: float,
+            label_bound: float | None, n: float) -> dict:
+    """The report of the check from its noisy sums (post-processing only): the figures with
+    their noise std, and ``status``: "better", "not_better" or "much_worse"."""
+    noisy = np.asarray(noisy, dtype=np.float64)
+    if loss.is_classifier:
+        tau = noise_multiplier * math.sqrt(2.0)
+        correct, counts = noisy[0], noisy[1:]
+        k = len(counts)
+        n = max(float(counts.sum()), 1.0)   # the noisy class counts' sum
+        top = int(np.argmax(counts))
+        model_err, const_err = n - correct, n - counts[top]
+        g_model = [-1.0] + [1.0] * k                                   # d/d(C, N_0..N_K-1)
+        g_const = [0.0] + [0.0 if j == top else 1.0 for j in range(k)]
+        what = "error rate (share of rows misclassified)"
+        span = 1.0
+    else:
+        L2 = float(label_bound) ** 2
+        tau = noise_multiplier * math.sqrt(3.0)
+        q, s1, s2 = noisy
+        n = max(float(n), 1.0)
+        mean = float(np.clip(s1 / n, -1.0, 1.0))   # (the clamped labels' mean lies in [-1, 1] L)
+        model_err = 3.0 * L2 * q + L2 * s2
+        const_err = L2 * s2 - L2 * s1 * s1 / n
+        g_model = [3.0 * L2, 0.0, L2]
+        g_const = [0.0, -2.0 * L2 * mean, L2]
+        what = f"mean squared error, labels and predictions clamped to [-{label_bound:g}, {label_bound:g}]"
+        span = 4.0 * L2
+    g_model, g_const = np.array(g_model), np.array(g_const)
+    gain = const_err - model_err
+    gain_std = _std(tau, g_const - g_model)
+    worse = model_err - MUCH_WORSE * const_err
+    worse_std = _std(tau, g_model - MUCH_WORSE * g_const)
+    if _std(tau, g_model) / n > INFORMATIVE * span:
+        status = "inconclusive"
+    elif worse > MUCH_WORSE_Z * worse_std:
+        status = "much_worse"
+    elif gain <= NOT_BETTER_Z * gain_std:
+        status = "not_better"
+    else:
+        status = "better"
+    return {
+        "status": status,
+        "metric": what,
+        "model": {"value": float(model_err / n), "noise_std": _std(tau, g_model) / n},
+        "constant": {"value": float(const_err / n), "noise_std": _std(tau, g_const) / n,
+                     "predictor": ("the noisy majority class" if loss.is_classifier else
+                                   "the mean clamped label")},
+        "constant_minus_model": {"value": float(gain / n), "noise_std": gain_std / n},
+        "rule": (f"inconclusive when the model's per-row noise std passes {INFORMATIVE:g} of its "
+                 f"range; not better than constant when constant_minus_model <= {NOT_BETTER_Z:g} noise "
+                 f"std; much worse (no model written) when the model's error exceeds "
+                 f"{MUCH_WORSE:g}x the constant's by more than {MUCH_WORSE_Z:g} noise std"),
+        "rows": float(n),
+    }
+
+
+def warning_text(report: dict) -> str:
+    """The stderr line of a model not better than a constant (noisy figures and stds only)."""
+    model, const = report["model"], report["constant"]
+    if report["status"] == "inconclusive":
+        return (f"the private quality check cannot tell whether the model is better than a "
+                f"constant predictor: its noise (std about {model['noise_std']:.2g} on the "
+                f"model's {report['metric']}) is too large for this data size; give more rows or "
+                f"a larger --quality-epsilon")
+    return (f"the model is not better than a constant predictor on the training data by the "
+            f"private quality check ({report['metric']}: model {model['value']:.4g}, constant "
+            f"{const['value']:.4g}, each a DP release with noise std about "
+            f"{report['constant_minus_model']['noise_std']:.2g} on their difference): try "
+            f"--scale-features auto, another --clip-norm or learning rate, or more epsilon")
+
+
+def refusal_text(report: dict) -> str:
+    model, const = report["model"], report["constant"]
+    return (f"the trained model is much worse than a constant predictor on the training data by "
+            f"the private quality check ({report['metric']}: model {model['value']:.4g}, "
+            f"constant {const['value']:.4g}, DP releases with noise std about "
+            f"{model['noise_std']:.2g} and {const['noise_std']:.2g}): the run diverged or its "
+            f"settings do not fit the data; no model was written (--quality-check off writes it "
+            f"all the same)")

@@ -1,0 +1,222 @@
+"""The private model-quality check (beam_dp.quality): a useless model is flagged on the default
+path, a good one is not, its release is in the ledger within the target epsilon for every
+algorithm that runs it, and a diverged model stops the run with no model written."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import warnings
+
+import numpy as np
+import pytest
+
+import beam_dp
+from beam_dp import api, cli, quality, synthetic
+from beam_dp.algorithms import noisy_gd, registry
+
+
+def _binary(n=4000, seed=0):
+    return synthetic.make_dataset("binary", n, 5, seed)
+
+
+def _train(x, y, **kwargs):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = beam_dp.train(x, y, **kwargs)
+    return model, [w for w in caught if issubclass(w.category, api.QualityWarning)]
+
+
+def test_useless_model_is_flagged_on_the_default_path():
+    """A huge clip norm at a tiny epsilon (private count, no validation data): the steps' noise
+    swamps the gradient, and the check's own share is too small to vouch for the model either:
+    the run says so (not better, or cannot tell)."""
+    x, y = _binary()
+    model, caught = _train(x, y, epsilon=0.05, clip_norm=1000.0, seed=3)
+    check = model.privacy_report["quality_check"]
+    assert check["status"] in ("not_better", "inconclusive")
+    assert check["covered_by_privacy_guarantee"] is True
+    assert len(caught) == 1 and "quality check" in str(caught[0].message)
+    assert any("quality check" in w for w in model.privacy_report["warnings"])
+
+
+def test_model_of_labels_the_features_do_not_predict_is_not_better():
+    """Labels independent of the features at epsilon 1: nothing beats the majority class, and
+    the (informative) check says the model is not better."""
+    x, _ = _binary(6000, seed=2)
+    y = (np.random.default_rng(7).random(6000) < 0.7).astype(float)
+    for seed in range(3):
+        model, caught = _train(x, y, epsilon=1.0, seed=seed)
+        assert model.privacy_report["quality_check"]["status"] == "not_better"
+        assert len(caught) == 1 and "not better than a constant" in str(caught[0].message)
+
+
+def test_useless_model_cli_warns_on_stderr_and_writes_the_model(small_binary, tmp_path, capsys):
+    out = tmp_path / "out"
+    code = cli.main(["train", "--input", small_binary["train_glob"], "--output", str(out),
+                     "--runner", "local", "--epsilon", "0.05", "--clip-norm", "1000",
+                     "--seed", "3"])
+    err = capsys.readouterr().err
+    assert code == 0
+    report = json.loads((out / "privacy_report.json").read_text())
+    assert report["quality_check"]["status"] in ("not_better", "inconclusive")
+    assert f"beam-dp: warning: {quality.warning_text(report['quality_check'])}" in err
+    assert "Private quality check" in (out / "report.html").read_text()
+
+
+def test_good_model_is_not_flagged_and_its_figures_match_the_data_within_the_noise():
+    x, y = _binary(n=6000, seed=1)
+    model, caught = _train(x, y, epsilon=1.0, seed=5)
+    check = model.privacy_report["quality_check"]
+    assert check["status"] == "better" and not caught
+    # The noisy figures against the exact ones (computed here, in the test only), within 4 of
+    # their noise std (the count of rows is itself noisy: its error is added, about 1 percent
+    # of eps's Laplace scale per row share, far below one std here).
+    accuracy = model.score(x, y)
+    majority = max(np.mean(y), 1 - np.mean(y))
+    for key, exact in (("model", 1 - accuracy), ("constant", 1 - majority),
+                       ("constant_minus_model", accuracy - majority)):
+        assert abs(check[key]["value"] - exact) <= 4 * check[key]["noise_std"], key
+    # The std is the mechanism's: tau sqrt(2) / n on the difference, tau = m sqrt(2).
+    m = check["noise_multiplier"]
+    assert check["constant_minus_model"]["noise_std"] == pytest.approx(2 * m / check["rows"])
+
+
+def test_regression_figures_match_the_data_within_the_noise():
+    x, y = synthetic.make_dataset("regression", 6000, 5, 2)
+    model, caught = _train(x, y, model="linear", epsilon=1.0, num_examples=6000, seed=2,
+                           quality_label_bound=8.0)
+    check = model.privacy_report["quality_check"]
+    assert check["status"] == "better" and not caught and check["label_bound"] == 8.0
+    a = np.clip(y, -8, 8)
+    p = np.clip(model.predict(x), -8, 8)
+    for key, exact in (("model", np.mean((a - p) ** 2)), ("constant", np.var(a))):
+        assert abs(check[key]["value"] - exact) <= 4 * check[key]["noise_std"], key
+
+
+@pytest.mark.parametrize("name", [n for n, a in registry.algorithms().items() if a.quality_check])
+def test_ledger_holds_the_check_within_the_target_epsilon(name):
+    chosen = registry.get(name)
+    model_name = "logistic" if "logistic" in chosen.models else "linear"
+    x, y = _binary(2000) if model_name == "logistic" else synthetic.make_dataset(
+        "regression", 2000, 5, 0)
+    for noise in ("float", None):   # float noise, and the default (secure where it has it)
+        model, _ = _train(x, y, algorithm=name, model=model_name, epsilon=1.0, noise=noise, seed=0)
+        report = model.privacy_report
+        names = [m["name"] for m in report["mechanisms"]]
+        assert names[0] == quality.RELEASE, names   # reserved before every other release
+        assert 0.99 <= report["epsilon"] <= 1.0
+        assert report["quality_check"]["epsilon_share"] == pytest.approx(0.05)
+        assert report["quality_check"]["noise"] == ("float" if noise == "float" else "secure")
+        # Without the check the algorithm has the whole budget: its noise is smaller.
+        off, _ = _train(x, y, algorithm=name, model=model_name, epsilon=1.0, noise=noise, seed=0,
+                        quality_check="off")
+        assert quality.RELEASE not in [m["name"] for m in off.privacy_report["mechanisms"]]
+        assert off.privacy_report["quality_check"]["status"] == "off"
+        assert off.privacy_report["epsilon"] <= 1.0
+        assert (off.privacy_report["mechanisms"][-1]["noise_multiplier"]
+                < report["mechanisms"][-1]["noise_multiplier"])
+
+
+@pytest.mark.parametrize("name", [n for n, a in registry.algorithms().items() if not a.quality_check])
+def test_algorithms_that_do_not_calibrate_against_the_ledger_skip_the_check(name):
+    chosen = registry.get(name)
+    # Each of these calibrates its noise to the whole target alone (replace-one).
+    assert chosen.relation == "replace-one"
+    if name not in ("output-perturbation", "objective-perturbation"):
+        return   # (the same path; two fast ones are enough)
+    x, y = _binary(2000)
+    model, _ = _train(x, y, algorithm=name, epsilon=1.0, seed=0)
+    report = model.privacy_report
+    assert report["quality_check"]["status"] == "skipped"
+    assert "calibrated to the whole budget" in report["quality_check"]["reason"]
+    assert quality.RELEASE not in [m["name"] for m in report["mechanisms"]]
+    assert report["epsilon"] <= 1.0
+
+
+def test_a_resumed_run_counts_the_check_once(tmp_path):
+    x, y = _binary(2000)
+    first, _ = _train(x, y, epsilon=1.0, seed=0, checkpoint_dir=str(tmp_path / "ck"))
+    again, _ = _train(x, y, epsilon=1.0, seed=0, checkpoint_dir=str(tmp_path / "ck"))
+    assert again.privacy_report["mechanisms"] == first.privacy_report["mechanisms"]
+    assert again.privacy_report["epsilon"] == pytest.approx(first.privacy_report["epsilon"])
+    with pytest.raises(ValueError, match="releases before training differ"):
+        _train(x, y, epsilon=1.0, seed=0, checkpoint_dir=str(tmp_path / "ck"),
+               quality_epsilon=0.1)
+
+
+def _far_labels(n=3000):
+    """Labels near 1000 (spread 0.5): with the check's default bound L = 4 they all clamp to 4,
+    where a constant is exact, and a model that predicts far below is much worse."""
+    g = np.random.default_rng(0)
+    x = g.standard_normal((n, 3))
+    return x, 1000.0 + 0.5 * g.standard_normal(n)
+
+
+def test_far_labels_model_is_much_worse_and_refused():
+    x, y = _far_labels()
+    # Clipped gradients at a step size of 0.01: the intercept cannot travel to 1000.
+    with pytest.raises(quality.ModelQualityError, match="much worse than a constant"):
+        _train(x, y, model="linear", epsilon=1.0, seed=1, learning_rate=0.01, steps=20)
+    # Turned off, the same run returns its model (and says the check was off).
+    model, _ = _train(x, y, model="linear", epsilon=1.0, seed=1, learning_rate=0.01, steps=20,
+                      quality_check="off")
+    assert model.privacy_report["quality_check"]["status"] == "off"
+
+
+def _diverging(monkeypatch, value):
+    """dpgd returns ``value`` in every coefficient (a diverged optimizer)."""
+    real = noisy_gd.DPGD
+
+    def diverged(*args, **kwargs):
+        result = real.train(*args, **kwargs)
+        return dataclasses.replace(result, theta=np.full_like(result.theta, value))
+
+    monkeypatch.setattr(noisy_gd, "DPGD", dataclasses.replace(real, train=diverged))
+
+
+@pytest.mark.parametrize("value", [math.inf, 1e6])
+def test_diverged_model_exits_non_zero_and_writes_nothing(monkeypatch, tmp_path, capsys, value):
+    x, y = _far_labels()
+    y = y - 1000.0   # labels of spread 0.5 around 0: a constant's error is small
+    directory = tmp_path / "data"
+    synthetic.write_shards(str(directory), "train", x, y, 1)
+    _diverging(monkeypatch, value)
+    out = tmp_path / "out"
+    code = cli.main(["train", "--input", str(directory / "train-*"), "--output", str(out),
+                     "--runner", "local", "--model", "linear", "--epsilon", "1", "--seed", "0"])
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_QUALITY
+    assert not os.path.exists(out) and not os.path.exists(out / "model.json")
+    expected = "not finite" if value == math.inf else "much worse than a constant"
+    assert expected in err and "no model was written" in err
+
+
+def test_non_finite_coefficients_raise_in_python(monkeypatch):
+    x, y = _binary(1000)
+    _diverging(monkeypatch, math.nan)
+    with pytest.raises(quality.ModelQualityError, match="not finite"):
+        beam_dp.train(x, y, epsilon=1.0, seed=0, quality_check="off")
+
+
+def test_bad_options_are_refused_before_training():
+    x, y = _binary(500)
+    with pytest.raises(ValueError, match="--quality-check must be one of"):
+        beam_dp.train(x, y, epsilon=1.0, quality_check="maybe")
+    with pytest.raises(ValueError, match="leaves nothing of epsilon"):
+        beam_dp.train(x, y, epsilon=1.0, quality_epsilon=1.0)
+    with pytest.raises(ValueError, match="--quality-label-bound must be above 0"):
+        beam_dp.train(x, y, model="linear", epsilon=1.0, quality_label_bound=-1.0)
+
+
+@pytest.mark.parametrize("model_name", ["logistic", "linear"])
+def test_tiny_data_is_inconclusive_not_refused(model_name):
+    """At 60 rows the check's noise dwarfs the data (and a noisy n of a few rows leaves the
+    normalizations' linear range): it says it cannot tell, never refuses the model."""
+    x, y = (_binary(60, seed=4) if model_name == "logistic"
+            else synthetic.make_dataset("regression", 60, 5, 4))
+    for seed in range(4):
+        model, caught = _train(x, y, model=model_name, epsilon=1.0, seed=seed)
+        assert model.privacy_report["quality_check"]["status"] == "inconclusive"
+        assert len(caught) == 1 and "cannot tell" in str(caught[0].message)
