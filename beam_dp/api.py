@@ -238,8 +238,16 @@ def _run(X, y, *, input, algorithm, model, epsilon, delta, noise_multiplier, acc
                                             indicators)
     initial = None
     if warm_start is not None:
-        initial = _warm_start_theta(warm_start, chosen, loss, list(feature_columns), label_column,
-                                    fit_intercept, algorithm_options, encoding)
+        initial, inherited = _warm_start_theta(warm_start, chosen, loss, list(feature_columns),
+                                               label_column, fit_intercept, algorithm_options,
+                                               encoding)
+        if inherited is not None:
+            # The released model's column ranges (public) are this run's: its coefficients
+            # are in their space, and nothing new is spent on ranges.
+            if "bounds" in source and bounds:
+                raise ValueError("--warm-start from a scaled model takes its ranges: drop the "
+                                 "schema's bounds")
+            source["bounds"] = inherited
     problem = registry.Problem(loss, encoding.dim if encoding is not None else len(feature_columns),
                                privacy, fit_intercept, steps_per_job, checkpoint_dir, source,
                                seed_fixed=seed is not None, initial_theta=initial,
@@ -359,13 +367,18 @@ def _warm_start_theta(warm_start, chosen, loss, feature_columns, label_column, f
                       f"{sorted(set(ours) - set(theirs))[:5]})")
         raise ValueError(f"--warm-start: the model does not fit this run: its "
                          f"{', '.join(mismatch)} differ{detail}")
-    # (--scale-features auto, the default, scales nothing when warm-starting: noisy_gd)
-    if (artifact.get("feature_transform") or getattr(algorithm_options, "feature_norm", None)
+    # A model scaled by ranges (declared or released: public) is continued on the same ranges
+    # (noisy_gd, with --scale-features auto or none); any other map would put the coefficients
+    # in another space.
+    transform = artifact.get("feature_transform") or {}
+    scaled = set(transform) == {"scale_columns"} and hasattr(algorithm_options, "scale_features")
+    if ((transform and not scaled) or getattr(algorithm_options, "feature_norm", None)
             or getattr(algorithm_options, "scale_features", "none") == "private"):
-        raise ValueError("--warm-start needs models without a feature transform "
-                         "(no --feature-norm, no --scale-features private, no declared bounds) "
-                         "on both sides")
-    return np.array(model.theta, dtype=np.float64)
+        raise ValueError("--warm-start needs models without a feature transform other than "
+                         "column ranges (no --feature-norm, no --scale-features private) on "
+                         "both sides")
+    inherited = features.ranges_as_bounds(transform["scale_columns"]) if scaled else None
+    return np.array(model.theta, dtype=np.float64), inherited
 
 
 LARGE_EPSILON = 10.0

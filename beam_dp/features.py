@@ -118,6 +118,16 @@ class ScaleColumns:
         mid = self.label_low + half
         return [mid - self.label_reach * half, mid + self.label_reach * half]
 
+    def scale_label(self, theta: np.ndarray) -> np.ndarray:
+        """The inverse of ``unscale_label``: coefficients in the label's units, on the scaled
+        label (a warm start's)."""
+        if self.label_low is None:
+            return theta
+        label_half = (self.label_high - self.label_low) / 2.0
+        out = np.array(theta, dtype=np.float64)
+        out[:, -1] -= self.label_low + label_half
+        return out / label_half
+
     def unscale_label(self, theta: np.ndarray) -> np.ndarray:
         """Coefficients trained on the scaled label, in the label's units: y = mid + half * y'
         (a post-processing of the released model)."""
@@ -157,11 +167,27 @@ def spec(transform) -> dict | None:
         recorded = {"low": listed(transform.low), "high": listed(transform.high)}
         if transform.reach is not None:
             recorded["reach"] = [float(v) for v in transform.reach]
+        if transform.label_low is not None:
+            # Not applied by predict (the coefficients are in the label's units): kept so a
+            # warm start can continue on the same scale.
+            recorded["label"] = [float(transform.label_low), float(transform.label_high),
+                                 float(transform.label_reach)]
         return {"scale_columns": recorded}
     for name, cls in _RECORDABLE.items():
         if type(transform) is cls:
             return {name: float(transform.norm)}
     raise ValueError(f"{type(transform).__name__} cannot be recorded in a model")
+
+
+def ranges_as_bounds(recorded: dict) -> dict:
+    """A recorded ``scale_columns`` map as declared bounds (``problem.source["bounds"]``: columns
+    [index, low, high, reach], and the label's [low, high] with its reach), for a warm start."""
+    reach = recorded.get("reach") or [1.0] * len(recorded["low"])
+    columns = [[j, lo, hi, r] for j, (lo, hi, r) in enumerate(zip(recorded["low"], recorded["high"],
+                                                                  reach)) if lo is not None]
+    label = recorded.get("label")
+    return {"columns": columns, "label": None if label is None else label[:2],
+            **({"label_reach": label[2]} if label is not None else {})}
 
 
 def from_spec(recorded: dict | None):

@@ -87,8 +87,8 @@ def test_declared_bounds_scale_features_and_label_without_spending_privacy(tmp_p
                    runner="local", bounds=BOUNDS)
     assert "exponential_mechanism_quantile" not in _mechanisms(model)   # nothing spent
     assert model.privacy_report["preprocessing"]["declared_bounds"]["label"] == [0.0, 8000.0]
-    assert model.artifact["feature_transform"] == {
-        "scale_columns": {"low": [0.0, 0.0], "high": [50_000.0, 1.0]}}
+    assert model.artifact["feature_transform"] == {   # the label's range: for a warm start
+        "scale_columns": {"low": [0.0, 0.0], "high": [50_000.0, 1.0], "label": [0.0, 8000.0, 1.0]}}
     predicted = model.decision_function(x)
     rmse = np.sqrt(np.mean((predicted - y) ** 2))
     # y's spread is ~800; the label in dollars is learnt in its units (the intercept ~2,000
@@ -182,6 +182,24 @@ def test_tune_scales_like_train_and_predicts_in_the_label_units(tmp_path):
         model = beam_dp.tune(input=path, label_column="y", model="linear", epsilon=2.0, seed=3,
                              bounds=BOUNDS, score_bound_=2000.0, mean_candidates=3)
     assert model.artifact["feature_transform"] == {
-        "scale_columns": {"low": [0.0, 0.0], "high": [50_000.0, 1.0]}}
+        "scale_columns": {"low": [0.0, 0.0], "high": [50_000.0, 1.0], "label": [0.0, 8000.0, 1.0]}}
     assert model.privacy_report["epsilon"] <= 2.0 + 1e-9
     assert np.sqrt(np.mean((model.decision_function(x) - y) ** 2)) < 0.5 * np.std(y)
+
+
+def test_a_warm_start_continues_on_its_model_s_ranges(tmp_path):
+    """A nightly job warm-starts from yesterday's model: a model scaled by declared or private
+    ranges is continued on the same ranges (public, in its model.json), its coefficients taken
+    back onto the scaled label, and nothing new is spent on ranges."""
+    path, x, y = _table(tmp_path, n=20_000)
+    first = _train(input=path, label_column="y", model="linear", epsilon=1.0, seed=1,
+                   runner="local", bounds={"x1": [0, 1]})          # x0 and y: private ranges
+    assert "exponential_mechanism_quantile" in _mechanisms(first)
+    again = _train(input=path, label_column="y", model="linear", epsilon=1.0, seed=2,
+                   runner="local", warm_start=first, steps=1, learning_rate=1e-9)
+    assert "exponential_mechanism_quantile" not in _mechanisms(again)
+    assert again.artifact["feature_transform"] == first.artifact["feature_transform"]
+    # one step of a vanishing size: the same model, so the start was mapped onto the scaled
+    # label and back exactly
+    np.testing.assert_allclose(again.decision_function(x), first.decision_function(x),
+                               rtol=1e-6, atol=1e-6)

@@ -1029,6 +1029,12 @@ def _train_noisy(name: str, options, problem: Problem, aggregator, seed: int, le
         preprocess, make_step_scale = _column_counts(options, problem, aggregator, seed, ledger)
         if options.average_iterates is None:
             config = dataclasses.replace(config, average_iterates=False)
+    initial_theta = problem.initial_theta
+    if initial_theta is not None and make_transform is not None and preprocess is not None:
+        # (a warm start's ranges are all declared: the map is known before any release)
+        start_map = make_transform({})
+        if isinstance(start_map, features.ScaleColumns):
+            initial_theta = start_map.scale_label(initial_theta)
     result = train(config, problem.loss, problem.dim, aggregator, seed, ledger, progress,
                    problem.checkpoint_dir, preprocess=preprocess, make_transform=make_transform,
                    checkpoint_key={"input": problem.source, "seed_fixed": problem.seed_fixed,
@@ -1036,7 +1042,7 @@ def _train_noisy(name: str, options, problem: Problem, aggregator, seed: int, le
                                    "scale_epsilon": options.scale_epsilon,
                                    **({"privacy_unit": dataclasses.asdict(bounding)}
                                       if bounding is not None else {})},
-                   initial_theta=problem.initial_theta, make_step_scale=make_step_scale,
+                   initial_theta=initial_theta, make_step_scale=make_step_scale,
                    user_bounding=bounding)
     applied = make_transform(result.preprocessing) if make_transform else None
     theta, preprocessing = result.theta, result.preprocessing
@@ -1122,14 +1128,10 @@ def _column_scaling(options, problem: Problem, aggregator, seed: int, ledger):
     if problem.privacy_unit is not None and choice == "auto":
         choice = "none"   # the quantiles bound one row's influence, not one user's: declared only
     declared = problem.source.get("bounds") or {"columns": [], "label": None}
-    if problem.initial_theta is not None:
-        # A warm start's coefficients are in the raw columns' space (api._warm_start_theta
-        # refuses models with a transform): no map may come between.
-        if declared["columns"] or declared["label"] is not None:
-            raise ValueError("--warm-start needs models without a feature transform: drop the "
-                             "schema's bounds (or start from zeros)")
-        if choice == "auto":
-            return None, None
+    if problem.initial_theta is not None and choice == "auto":
+        # A warm start continues in its model's space: that model's ranges, if any, came as
+        # declared bounds (api._warm_start_theta); nothing new is released.
+        choice = "none"
     if problem.sparse or options.feature_norm:
         if choice == "private":
             raise ValueError("--scale-features private needs dense features (with "
@@ -1194,7 +1196,8 @@ def _column_scaling(options, problem: Problem, aggregator, seed: int, ledger):
 
     def make_transform(pre: dict):
         low, high, reach = np.full(d, np.nan), np.full(d, np.nan), np.ones(d)
-        label_reach = 1.0   # a declared range is the label's domain
+        # a declared range is the label's domain (reach 1); an inherited one keeps its reach
+        label_reach = float(declared.get("label_reach", 1.0))
         for j, (lo, hi, r) in fixed.items():
             low[j], high[j], reach[j] = lo, hi, r
         label = declared["label"]
