@@ -67,7 +67,7 @@ import numpy as np
 from dp_accounting import dp_event as events
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 
-from beam_dp import accounting, data, losses, mechanisms, report
+from beam_dp import accounting, data, features, losses, mechanisms, report
 from beam_dp.algorithms import registry
 
 # Stream ids under the root seed (``mechanisms.secure_generator``): "tune" and a sub-stream.
@@ -399,8 +399,10 @@ class _Splitter:
         if preprocess is None:   # nothing to scale (categorical columns, a feature norm)
             return
         self.state.scaling = preprocess(max(1, int(round(self.state.train_size))))
-        self.state.bounds = noisy_gd.released_bounds(problem.source.get("bounds"),
-                                                     self.state.scaling)
+        # The map train would apply (its auto rule, reach and label included), as bounds.
+        transform = make_transform(self.state.scaling)
+        if transform is not None:
+            self.state.bounds = features.ranges_as_bounds(features.spec(transform)["scale_columns"])
 
     def _release_sizes(self, train_rows: int, held_rows: int) -> None:
         scale = 1.0 / self.plan.count_epsilon

@@ -1095,20 +1095,6 @@ def off_unit_scale(low: np.ndarray, high: np.ndarray) -> np.ndarray:
     return (half < UNIT_SCALE[0]) | (half > UNIT_SCALE[1]) | (np.abs(mid) > UNIT_SCALE[1] * half)
 
 
-def released_bounds(declared: dict | None, pre: dict) -> dict:
-    """The declared bounds (``problem.source["bounds"]``) with the ranges ``_column_scaling``'s
-    preprocessing released (``pre``), in the declared form: public from then on."""
-    declared = declared or {"columns": [], "label": None}
-    out = {"columns": [list(c) for c in declared["columns"]], "label": declared["label"]}
-    released = pre.get("column_bounds")
-    if released:
-        out["columns"] += [[j, lo, hi, PRIVATE_RANGE_REACH] for j, lo, hi in
-                           zip(released["columns"], released["low"], released["high"])]
-        out["columns"].sort(key=lambda c: c[0])
-        out["label"] = released.get("label", out["label"])
-    return out
-
-
 def _column_scaling(options, problem: Problem, aggregator, seed: int, ledger):
     """Each column mapped onto [-1, 1] (``features.ScaleColumns``): on its declared public range
     (the schema's ``bounds``; a missing-value indicator is [0, 1] by construction), else, with
