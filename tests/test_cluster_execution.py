@@ -28,8 +28,10 @@ from beam_dp import batches, data, losses, synthetic
 from beam_dp.algorithms import dpsgd_f, registry
 from beam_dp.beam.cache import ShardCache
 
-BEAM = ["--runner", "FnApiRunner"]
-LOCAL = ["--runner", "local"]
+# The private quality check (on by default) adds one stages job after training; these tests pin
+# the training's jobs, so they turn it off (test_the_quality_check_is_one_more_job pins it).
+BEAM = ["--runner", "FnApiRunner", "--quality-check", "off"]
+LOCAL = ["--runner", "local", "--quality-check", "off"]
 N, D = 2400, 5
 ROW_GROUP = 300
 BATCH_ROWS = 150   # shards of >= 4 x 150 rows: 2 row groups (600 rows) each, 2 per file
@@ -168,7 +170,7 @@ def test_secure_noise_gives_the_same_model_bits_on_any_bundling(tmp_path, cli, r
     assert r.code == 0, r
     report = read_json(tmp_path / "local" / "privacy_report.json")
     assert report["mechanisms"][-1]["noise"].startswith("discrete Gaussian on exact integer sums")
-    assert report["mechanisms"][1]["name"] == "discrete_laplace_count"   # (after the quality check)
+    assert report["mechanisms"][0]["name"] == "discrete_laplace_count"
     np.testing.assert_array_equal(model_theta(tmp_path / "beam"), model_theta(tmp_path / "local"))
     # Secure noise is the default: the same run without --noise is the same model.
     assert cli(*common[:-2], "--output", tmp_path / "default", "--batch-rows", BATCH_ROWS,
@@ -260,7 +262,7 @@ def test_same_model_on_external_worker_processes(tmp_path, request, worker_pool,
         monkeypatch.setattr(beam_aggregator.BeamAggregator, "__init__", external)
         runner = ["--runner", "FnApiRunner", "--direct_num_workers", "2"]
     assert _run_with_timeout(common + [
-        "--output", str(tmp_path / "portable"), *runner,
+        "--output", str(tmp_path / "portable"), *runner, "--quality-check", "off",
         "--temp_location", str(tmp_path / "temp")]) == 0
     # ``workers`` worker processes per job, started by the pool (not this process).
     log = pool_log.read_text(errors="replace")
@@ -832,8 +834,10 @@ def test_real_table_with_defaults_same_model_on_every_runner_in_one_job(tmp_path
     assert cli(*common, "--output", tmp_path / "local", *LOCAL).code == 0
     r = cli(*common, "--output", tmp_path / "beam", *BEAM, "--temp_location", temp)
     assert r.code == 0, r
-    assert [j["kind"] for j in beam_jobs] == [kind]
-    (job,) = beam_jobs
+    # Default flags: the columns' private ranges (--scale-features auto: ISLR Default's balance
+    # and income are in dollars) are one stages job before training's.
+    assert [j["kind"] for j in beam_jobs] == ["stages", kind]
+    job = beam_jobs[0]   # (it reads each shard once; training's job finds them in the cache)
     assert job["file_opens"] == job["shards"] > len(islr_default["files"])   # row-group shards
     shards = data.plan_shards([str(f) for f in islr_default["files"]], 200)
     assert job["opened"] == {f: sum(s.path == f for s in shards) for f in {s.path for s in shards}}
@@ -881,3 +885,14 @@ def test_real_table_secure_noise_same_bits_on_every_runner(tmp_path, cli, islr_d
     # same (weak) signal; neither collapsed.
     secure, float_ = accuracy(local), accuracy(model_theta(tmp_path / "float"))
     assert abs(secure - float_) <= 0.01 and secure >= float(np.mean(y < 0.5)) - 0.01
+
+
+def test_the_quality_check_is_one_more_job(tmp_path, cli, binary, beam_jobs):
+    """With default flags the private quality check reads the data once more, in one stages job
+    after training, and its release is in the report."""
+    r = cli("train", "--input", binary["glob"], "--output", tmp_path / "out", "--batch-rows",
+            BATCH_ROWS, "--seed", 3, "--runner", "FnApiRunner", "--algorithm", "dpgd",
+            "--noise-multiplier", 1.0, "--steps", 4, "--scale-features", "none")
+    assert r.code == 0, r
+    assert _kinds(beam_jobs) == [("stages", 4), ("stages", 1)]
+    assert read_json(tmp_path / "out" / "privacy_report.json")["quality_check"]["status"]
