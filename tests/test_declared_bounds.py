@@ -16,16 +16,7 @@ import pytest
 
 import beam_dp
 from beam_dp import api, data, features, schema
-
-
-def _train(**kwargs):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", api.PrivacyWarning)
-        return beam_dp.train(**kwargs)
-
-
-def _mechanisms(model) -> dict:
-    return {m["name"]: m for m in model.privacy_report["mechanisms"]}
+from test_feature_scaling import _mechanisms, _train   # (the same helpers)
 
 
 def _table(tmp_path, n=4000, seed=0, with_nulls=False):

@@ -889,7 +889,8 @@ _SCALE = option("auto", "columns without declared bounds (the schema's 'bounds')
                         "--scale-epsilon of the budget; a linear regression's label too; "
                         "recorded in model.json, applied again by predict); 'auto' (the "
                         "default): the same where the quantiles' rank error is below a quarter "
-                        "of the (noisy) n, else as given (said in the report); 'none': as given. "
+                        "of the (noisy) n (else as given, said in the report), mapping only the "
+                        "columns whose released range is off the unit scale; 'none': as given. "
                         "Declared bounds are always applied, at no privacy cost",
                 choices=("none", "private", "auto"))
 _SCALE_EPSILON = option(None, "the budget of --scale-features private's quantiles; default a "
