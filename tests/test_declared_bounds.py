@@ -194,3 +194,27 @@ def test_a_warm_start_continues_on_its_model_s_ranges(tmp_path):
     # label and back exactly
     np.testing.assert_allclose(again.decision_function(x), first.decision_function(x),
                                rtol=1e-6, atol=1e-6)
+
+
+def test_without_an_intercept_ranges_scale_about_zero_and_never_shift(tmp_path):
+    """fit_intercept=False: the model is y = <w, x>, so no column or label may be shifted (a shift
+    needs the intercept); each range is made symmetric about 0, declared or private."""
+    g = np.random.default_rng(4)
+    n = 20_000   # the private ranges' rank error is inside auto's 25% of n from ~10,000 rows
+    x0, x1 = g.uniform(0, 50_000, n), g.uniform(0, 1, n)
+    y = 0.05 * x0 + 1000 * x1 + g.normal(0, 100, n)   # through the origin
+    pq.write_table(pa.table({"x0": x0, "x1": x1, "y": y}), tmp_path / "t.parquet")
+    path, x = str(tmp_path / "t.parquet"), np.column_stack([x0, x1])
+    declared = _train(input=path, label_column="y", model="linear", epsilon=1.0, seed=2,
+                      runner="local", fit_intercept=False,
+                      bounds={"x0": [0, 50_000], "x1": [0, 1], "y": [0, 4000]})
+    assert declared.artifact["feature_transform"] == {"scale_columns": {
+        "low": [-50_000.0, -1.0], "high": [50_000.0, 1.0], "label": [-4000.0, 4000.0, 1.0]}}
+    # y's spread is ~830; a shifted map leaves predictions off by the lost intercept (2.2 and 0.9 x std(y) before)
+    assert np.sqrt(np.mean((declared.decision_function(x) - y) ** 2)) < 0.4 * np.std(y)
+    private = _train(input=path, label_column="y", model="linear", epsilon=1.0, seed=2,
+                     runner="local", fit_intercept=False)   # the default: auto, private ranges
+    recorded = private.artifact["feature_transform"]["scale_columns"]
+    assert recorded["low"][0] == -recorded["high"][0] > -60_000, recorded
+    assert recorded["label"][0] == -recorded["label"][1], recorded
+    assert np.sqrt(np.mean((private.decision_function(x) - y) ** 2)) < 0.4 * np.std(y)

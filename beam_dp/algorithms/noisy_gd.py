@@ -1209,10 +1209,15 @@ def _column_scaling(options, problem: Problem, aggregator, seed: int, ledger):
                 if not label[1] > label[0] or (choice == "auto" and not off_unit_scale(
                         np.asarray(label[:1]), np.asarray(label[1:]))[0]):
                     label = None   # one grid cell, or already on the unit scale: as given
-        if label is not None and not problem.fit_intercept:
-            # Without an intercept the label cannot be shifted: a symmetric range, scale only.
-            top = max(abs(label[0]), abs(label[1]))
-            label = (-top, top)
+        if not problem.fit_intercept:
+            # Without an intercept the model is y = <w, x>, through the origin: a shift of a
+            # column or of the label would need the intercept the user left out, so each range
+            # becomes symmetric about 0 (scale only, no shift).
+            top = np.maximum(np.abs(low), np.abs(high))
+            low, high = np.where(np.isnan(low), low, -top), np.where(np.isnan(high), high, top)
+            if label is not None:
+                label_top = max(abs(label[0]), abs(label[1]))
+                label = (-label_top, label_top)
         if np.isnan(low).all() and label is None:
             return None
         return features.ScaleColumns(tuple(low.tolist()), tuple(high.tolist()),
