@@ -254,8 +254,8 @@ def test_cli_tune_writes_the_model_its_report_and_tuning(tmp_path, capsys):
     assert "RepeatAndSelectDpEvent" in _event_classes(report["dp_event"])
     assert report["hyperparameters"]["values"]["learning_rate"] == 2.0
     assert tuned["score"]["rows"] == "validation files"
-    assert set(tuned) == {"method", "algorithm", "grid", "chosen", "chosen_noisy_score",
-                          "score", "number_of_candidates", "not_released"}
+    assert set(tuned) == {"method", "algorithm", "grid", "setting_law", "chosen",
+                          "chosen_noisy_score", "score", "number_of_candidates", "not_released"}
     # Nothing per candidate on stderr: its length would tell K.
     assert len(err.strip().splitlines()) == 2
     assert (out / "model.json").exists()
@@ -277,7 +277,7 @@ def test_private_scaling_is_released_once_and_recorded_in_the_model():
     names = [m["name"] for m in report["mechanisms"]]
     assert names[-1] == "repeat_and_select_best_candidate"
     scaling = [m for m in report["mechanisms"] if m["name"] not in (
-        "repeat_and_select_best_candidate", "laplace_counts_of_training_and_held_out_rows")]
+        "repeat_and_select_best_candidate", "laplace_count_of_training_rows")]
     assert scaling and sum(m["count"] for m in scaling) == 2 * X.shape[1]   # 2 quantiles a column
     assert "scale_columns" in model.artifact["feature_transform"]
     assert model.score(X, y) > 0.7   # it predicts from raw features
