@@ -518,8 +518,10 @@ def tune(X=None, y=None, *, input=None, validation=None, algorithm: str = "dpgd"
     """Private selection of one setting of ``grid`` (see the module docstring); returns the
     chosen ``api.Model`` whose ``privacy_report`` accounts for the whole tuning (RDP) and whose
     ``tuning`` holds the grid, the chosen setting and its noisy score. ``X, y`` or ``input``
-    (files, read in-process) as ``beam_dp.train`` takes them; ``validation``: files of held-out
-    rows (private too) instead of a ``holdout`` share of the input. ``grid``: {option: values}
+    (files, read in-process) as ``beam_dp.train`` takes them; ``holdout``: 0 (default) scores
+    the candidates on their training rows, a share in (0, 1) on that share of the input held
+    out; ``validation``: files of held-out rows (private too) instead. ``default_share``: the
+    probability a candidate takes train's setting (``setting_law``). ``grid``: {option: values}
     or ["option=v1,v2", ...]; None: ``DEFAULT_GRIDS[algorithm]``. ``score_bound_`` (the CLI's
     --score-bound): see ``row_scores``. ``fixed``: ``beam_dp.train``'s other keywords and the
     algorithm's fixed options. ``progress(message)``: run-level messages only (nothing per
