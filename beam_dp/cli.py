@@ -225,8 +225,10 @@ def _add_tune_parser(sub, argv):
     from beam_dp import tuning
     from beam_dp.algorithms import registry
 
-    grids = "; ".join(f"{name}: " + " ".join(f"{k}={','.join(map(str, v))}" for k, v in grid.items())
-                      for name, grid in tuning.DEFAULT_GRIDS.items())
+    grids = "; ".join(f"{name}: " + " ".join(
+        f"{k}={','.join(f'{x:.4g}' for x in v)}"
+        + (" (times the model's default step)" if k in tuning.RELATIVE_TO_DEFAULT_STEP.get(name, ())
+           else "") for k, v in grid.items()) for name, grid in tuning.DEFAULT_GRIDS.items())
     tune = sub.add_parser(
         "tune", help="private hyperparameter selection (random stopping, inside epsilon)",
         formatter_class=_Formatter,
@@ -257,7 +259,12 @@ def _add_tune_parser(sub, argv):
                             "logarithmic")
     group.add_argument("--holdout", type=float, default=tuning.DEFAULT_HOLDOUT,
                        help="share of the input held out to score candidates (by a keyed hash "
-                            "of row position), without --validation")
+                            "of row position), without --validation; 0 (the default): score on "
+                            "the training rows (no privacy cost: training and score are composed "
+                            "anyway)")
+    group.add_argument("--default-share", type=float, default=tuning.DEFAULT_SETTING_SHARE,
+                       help="probability that a candidate takes train's default setting (when "
+                            "the grid holds it), else a setting uniform over the grid")
     group.add_argument("--score", choices=tuning.SCORES, default="loss",
                        help="per held-out row: loss (1 - clipped loss / bound) or accuracy "
                             "(classifiers)")
@@ -302,7 +309,7 @@ def _tune(args) -> int:
             input=args.input, validation=validation_files or None, algorithm=args.algorithm,
             model=args.model, epsilon=args.epsilon, delta=args.delta, grid=args.grid,
             mean_candidates=args.mean_candidates, shape=args.candidates_shape,
-            holdout=args.holdout, score=args.score, score_bound_=args.score_bound,
+            holdout=args.holdout, default_share=args.default_share, score=args.score, score_bound_=args.score_bound,
             score_share=args.score_share, count_epsilon=args.count_epsilon, seed=args.seed,
             noise=args.noise, num_classes=args.num_classes, huber_delta=args.huber_delta,
             fit_intercept=args.fit_intercept, label_column=args.label_column,

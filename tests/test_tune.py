@@ -95,13 +95,20 @@ def test_selection_picks_the_good_setting(monkeypatch):
     """One grid point cannot learn (clip norm 1e-4: the model stays near zero, log loss ~ ln 2,
     score ~0.65; the other scores ~0.8). With ten candidates (drawn uniformly, so both settings
     are tried) the noisy scores' difference has std sqrt(2) sigma_score / m ~ 0.05 at m ~ 800
-    held-out rows, against a gap of ~0.15: the good one is chosen."""
+    held-out rows, against a gap of ~0.15: the good one is chosen. Uniform settings
+    (default_share 0), a held-out part, and then the default law with the bad setting made the
+    one it favours: the scores still choose."""
     monkeypatch.setattr(tuning, "draw_candidates", lambda generator, mean, shape: 10)
     X, y = _data(n=4000)
     for seed in (0, 1):
-        model = beam_dp.tune(X, y, epsilon=EPSILON, delta=DELTA, seed=seed,
-                             grid={"clip_norm": (1e-4, 1.0)}, steps=20)
+        model = beam_dp.tune(X, y, epsilon=EPSILON, delta=DELTA, seed=seed, holdout=0.2,
+                             default_share=0.0, grid={"clip_norm": (1e-4, 1.0)}, steps=20)
         assert model.tuning["chosen"] == {"clip_norm": 1.0}
+    monkeypatch.setattr(tuning, "default_setting", lambda *args: {"clip_norm": 1e-4})
+    model = beam_dp.tune(X, y, epsilon=EPSILON, delta=DELTA, seed=2,
+                         grid={"clip_norm": (1e-4, 1.0)}, steps=20)
+    assert model.tuning["setting_law"]["default"] == {"clip_norm": 1e-4}
+    assert model.tuning["chosen"] == {"clip_norm": 1.0}
 
 
 def test_held_out_rows_never_train(monkeypatch):
@@ -120,13 +127,66 @@ def test_held_out_rows_never_train(monkeypatch):
         return problem, trained
 
     monkeypatch.setattr(tuning._Splitter, "__call__", spy)
-    beam_dp.tune(X, y, epsilon=EPSILON, seed=3, grid={"steps": (5, 10)}, batch_rows=300)
+    beam_dp.tune(X, y, epsilon=EPSILON, seed=3, grid={"steps": (5, 10)}, batch_rows=300,
+                 holdout=0.2)
     assert seen
     for trained, held in seen:
         assert len(np.intersect1d(trained, held)) == 0
         assert len(trained) + len(held) == len(X)
         # the share held out: binomial, within 4 standard deviations
         assert abs(len(held) - 0.2 * len(X)) < 4 * math.sqrt(0.2 * 0.8 * len(X))
+
+
+def test_holdout_zero_scores_on_the_training_rows(monkeypatch):
+    """The default, holdout 0: every row trains and the scores read those same rows; one count
+    is released (not a pair), and the run stays within epsilon."""
+    X, y = _data(n=1500)
+    X = X.copy()
+    X[:, 0] = np.arange(len(X)) / len(X)
+    seen = []
+    original = tuning._Splitter.__call__
+
+    def spy(self, problem, aggregator):
+        problem, trained = original(self, problem, aggregator)
+        seen.append((np.concatenate([b.features[:, 0] for b in trained.blocks]),
+                     np.concatenate([b.features[:, 0] for b in self.state.held])))
+        return problem, trained
+
+    monkeypatch.setattr(tuning._Splitter, "__call__", spy)
+    model = beam_dp.tune(X, y, epsilon=EPSILON, seed=3, grid={"steps": (5, 10)}, batch_rows=300)
+    assert tuning.DEFAULT_HOLDOUT == 0
+    assert seen
+    for trained, held in seen:
+        assert np.array_equal(np.sort(trained), np.sort(X[:, 0]))
+        assert np.array_equal(np.sort(held), np.sort(X[:, 0]))
+    names = [m["name"] for m in model.privacy_report["mechanisms"]]
+    assert "laplace_count_of_training_rows" in names
+    assert "laplace_counts_of_training_and_held_out_rows" not in names
+    assert model.tuning["score"]["rows"] == "the training rows (holdout 0)"
+    assert model.privacy_report["epsilon"] <= EPSILON
+
+
+def test_setting_law_favours_the_default_and_draws_from_it():
+    """P[default] = share + (1 - share) / n, the rest uniform; uniform when the grid lacks the
+    default; the default setting is train's (the model's default step); draws follow the law
+    (each frequency within 4 binomial standard errors)."""
+    grid = {"clip_norm": (0.5, 1.0, 2.0), "learning_rate": (1 / 3, 1.0, 3.0)}
+    settings = tuning.check_grid(grid, "dpgd", {})
+    default = tuning.default_setting("dpgd", "logistic", {}, grid)
+    assert default == {"clip_norm": 1.0, "learning_rate": 1.0}
+    assert tuning.default_setting("dpgd", "linear", {}, {"learning_rate": (0.25, 0.75)}) == {
+        "learning_rate": 0.25}
+    assert tuning.default_setting("dpgd", "logistic", {}, {"steps": (10, 20)}) is None
+    law = tuning.setting_law(settings, default, 0.5)
+    assert law.sum() == pytest.approx(1.0)
+    assert law[settings.index(default)] == pytest.approx(0.5 + 0.5 / 9)
+    assert np.allclose(np.delete(law, settings.index(default)), 0.5 / 9)
+    assert np.allclose(tuning.setting_law(settings, None, 0.5), 1 / 9)
+    assert np.allclose(tuning.setting_law(settings, default, 0.0), 1 / 9)
+    generator = np.random.default_rng(11)
+    n = 20000
+    counts = np.bincount([tuning.draw_setting(generator, law) for _ in range(n)], minlength=9)
+    assert np.all(np.abs(counts / n - law) < 4 * np.sqrt(law * (1 - law) / n))
 
 
 def test_holdout_is_a_fixed_function_of_row_position():
@@ -194,8 +254,8 @@ def test_cli_tune_writes_the_model_its_report_and_tuning(tmp_path, capsys):
     assert "RepeatAndSelectDpEvent" in _event_classes(report["dp_event"])
     assert report["hyperparameters"]["values"]["learning_rate"] == 2.0
     assert tuned["score"]["rows"] == "validation files"
-    assert set(tuned) == {"method", "algorithm", "grid", "chosen", "chosen_noisy_score",
-                          "score", "number_of_candidates", "not_released"}
+    assert set(tuned) == {"method", "algorithm", "grid", "setting_law", "chosen",
+                          "chosen_noisy_score", "score", "number_of_candidates", "not_released"}
     # Nothing per candidate on stderr: its length would tell K.
     assert len(err.strip().splitlines()) == 2
     assert (out / "model.json").exists()
@@ -217,7 +277,7 @@ def test_private_scaling_is_released_once_and_recorded_in_the_model():
     names = [m["name"] for m in report["mechanisms"]]
     assert names[-1] == "repeat_and_select_best_candidate"
     scaling = [m for m in report["mechanisms"] if m["name"] not in (
-        "repeat_and_select_best_candidate", "laplace_counts_of_training_and_held_out_rows")]
+        "repeat_and_select_best_candidate", "laplace_count_of_training_rows")]
     assert scaling and sum(m["count"] for m in scaling) == 2 * X.shape[1]   # 2 quantiles a column
     assert "scale_columns" in model.artifact["feature_transform"]
     assert model.score(X, y) > 0.7   # it predicts from raw features
