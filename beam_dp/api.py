@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from beam_dp import accounting, data, features, losses, mechanisms, quality, report, user_level
-from beam_dp.algorithms import registry
+from beam_dp.algorithms import choice, registry
 from beam_dp import schema as schema_mod
 from beam_dp.categorical import Encoding, make_encoding
 
@@ -63,8 +63,8 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
           schema: "str | dict | None" = None, bounds: dict | None = None,
           privacy_unit_column: str | None = None, max_rows_per_user: int | None = None,
           quality_check: str = "on", quality_epsilon: float | None = None,
-          quality_label_bound: float | None = None, _instrument: Callable | None = None,
-          **options) -> "Model":
+          quality_label_bound: float | None = None, rows_hint: int | None = None,
+          _instrument: Callable | None = None, **options) -> "Model":
     """Trains a differentially private GLM; see the module docstring.
 
     ``epsilon`` (with ``delta``) calibrates the noise; ``noise_multiplier`` instead reports the
@@ -99,6 +99,12 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
     user key (never a feature, never printed); a user keeps at most ``max_rows_per_user`` rows
     (default ``user_level.DEFAULT_MAX_ROWS_PER_USER``) and each step clips the user's summed
     gradient to the clip norm.
+
+    ``algorithm="auto"`` (``beam_dp.algorithms.choice``): the algorithm the measurements favour
+    for the model, the options given and a declared size (``num_examples``, or ``rows_hint``: a
+    public estimate of the rows read by that rule only); dpgd but for classification at 10
+    million declared rows and more (dpsgd). The report's ``algorithm_choice`` says what it chose
+    and why.
 
     ``_instrument(problem, aggregator) -> (problem, aggregator)``: internal (``beam_dp.tune``
     keeps a candidate's training rows and gives it the released size).
@@ -137,7 +143,7 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
                pipeline_args=pipeline_args, batch_rows=batch_rows, seed=seed,
                steps_per_job=steps_per_job, checkpoint_dir=checkpoint_dir, progress=progress,
                warm_start=warm_start, max_jobs=max_jobs, budget_gate=budget_gate, options=options,
-               bounds=bounds, instrument=_instrument,
+               bounds=bounds, instrument=_instrument, rows_hint=rows_hint,
                bounding=_user_bounding(privacy_unit_column, max_rows_per_user),
                categorical=dict(categorical_columns=categorical_columns, hash_buckets=hash_buckets,
                                 hash_seed=hash_seed, vocabulary=vocabulary,
@@ -157,6 +163,8 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
                                            run.options, seed_fixed=seed is not None)
     if run.quality is not None:
         privacy_report["quality_check"] = run.quality
+    if run.choice is not None:
+        privacy_report["algorithm_choice"] = run.choice
     for message in _warnings(privacy_report, run.result.dataset_size):
         privacy_report.setdefault("warnings", []).append(message)
         warnings.warn(message, PrivacyWarning, stacklevel=2)
@@ -180,6 +188,7 @@ class _Run:
     feature_columns: list
     encoding: Encoding | None = None
     quality: dict | None = None   # the private quality check's report (None: not asked, the audit)
+    choice: dict | None = None    # what --algorithm auto chose and why (None: named by the user)
 
 
 def _run(X, y, *, input, algorithm, model, epsilon, delta, noise_multiplier, accountant,
@@ -188,11 +197,26 @@ def _run(X, y, *, input, algorithm, model, epsilon, delta, noise_multiplier, acc
          checkpoint_dir=None, progress=None, warm_start=None, max_jobs=None, budget_gate=None,
          options=None, instrument=None, categorical: dict | None = None,
          bounds: dict | None = None,
-         bounding: "user_level.UserBounding | None" = None, quality_options=None) -> _Run:
+         bounding: "user_level.UserBounding | None" = None, quality_options=None,
+         rows_hint: int | None = None) -> _Run:
     """``train`` up to its result: what ``train`` and ``beam_dp.audit.run`` share.
     ``instrument(problem, aggregator) -> (problem, aggregator)``: the audit's canaries (a wider
     problem, an aggregator that injects them); None for training. ``quality_options``: the
-    ``quality.QualityOptions`` of the private quality check (None: no check, e.g. the audit)."""
+    ``quality.QualityOptions`` of the private quality check (None: no check, e.g. the audit).
+    ``algorithm="auto"``: resolved first, from public inputs only (``choice.choose``)."""
+    auto = None
+    if algorithm == choice.AUTO:
+        categorical = categorical or {}
+        auto = choice.choose(model, (options or {}).keys(), num_examples=num_examples,
+                             rows_hint=rows_hint,
+                             sparse=bool(categorical.get("categorical_columns")),
+                             user_level=bounding is not None, checkpoint=bool(checkpoint_dir),
+                             warm_start=warm_start is not None, fit_intercept=fit_intercept,
+                             noise=noise)
+        algorithm = auto.algorithm
+    elif rows_hint is not None:
+        raise ValueError("rows_hint (--rows-hint) is read by algorithm 'auto' only; drop it or "
+                         "give --num-examples (a public size the accounting uses)")
     chosen = registry.get(algorithm)
     if max_jobs is not None and (max_jobs < 1 or not checkpoint_dir):
         raise ValueError("max_jobs (--max-jobs) must be at least 1 and needs a checkpoint_dir "
@@ -310,7 +334,7 @@ def _run(X, y, *, input, algorithm, model, epsilon, delta, noise_multiplier, acc
     finally:
         aggregator.close()
     return _Run(result, ledger, chosen, algorithm_options, privacy, loss, list(feature_columns),
-                encoding, checked)
+                encoding, checked, auto.report() if auto is not None else None)
 
 
 def _declared_bounds(bounds: dict, dense_names: list, label_column: str, loss,

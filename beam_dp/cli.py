@@ -328,15 +328,36 @@ def _tune(args) -> int:
     return 0
 
 
-def _add_algorithm_arguments(parser, argv, algorithms) -> None:
-    """--algorithm and the chosen algorithm's own flags (from its declared options)."""
-    from beam_dp.algorithms import registry
+def _add_algorithm_arguments(parser, argv, algorithms, auto: bool = False) -> None:
+    """--algorithm and the chosen algorithm's own flags (from its declared options). ``auto``
+    (train): also --algorithm auto, whose flags are its candidates' (none with a default: the
+    rule reads which were given) and --rows-hint."""
+    from beam_dp.algorithms import choice, registry
 
     algo = parser.add_argument_group("algorithm")
-    algo.add_argument("--algorithm", choices=tuple(algorithms), default=DEFAULT_ALGORITHM,
-                      help="the optimizer; see the list below")
+    algo.add_argument("--algorithm", choices=tuple(algorithms) + ((choice.AUTO,) if auto else ()),
+                      default=DEFAULT_ALGORITHM,
+                      help="the optimizer; see the list below"
+                           + ("; auto: dpgd, or dpsgd for classification from "
+                              f"{choice.FULL_PASS_ROWS:,} declared rows (--num-examples or "
+                              "--rows-hint), or the one that takes the options given (the "
+                              "report's algorithm_choice says which and why)" if auto else ""))
     name = _requested_algorithm(list(argv or []))
-    if name in algorithms:
+    if auto:
+        algo.add_argument("--rows-hint", type=_positive_int, default=None,
+                          help="with --algorithm auto: a public estimate of the number of rows, "
+                               "read by its rule only (never by the accounting: that is "
+                               "--num-examples)")
+    if auto and name == choice.AUTO:
+        group = parser.add_argument_group(
+            "auto options", textwrap.fill("the options of " + " and ".join(choice.CANDIDATES)
+                                          + "; each one given counts in the choice, the rest "
+                                          "take the chosen algorithm's defaults", 78))
+        added: set = set()
+        for candidate in choice.CANDIDATES:
+            registry.add_arguments(group, algorithms[candidate].options, defaults=False, skip=added)
+            added |= {f.name for f, _ in registry.fields(algorithms[candidate].options)}
+    elif name in algorithms:
         chosen = algorithms[name]
         about = f"{chosen.use_when}. Models: {', '.join(chosen.models)}."
         group = parser.add_argument_group(f"{name} options", textwrap.fill(about, 78))
@@ -407,7 +428,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         "predictor on the training data, within the run's epsilon (see README)."),
         quality.QualityOptions)
 
-    _add_algorithm_arguments(train, argv, algorithms)
+    _add_algorithm_arguments(train, argv, algorithms, auto=True)
 
     audit = sub.add_parser(
         "audit", help="an empirical lower bound on a configuration's epsilon (one-run audit)",
@@ -834,6 +855,8 @@ def _release(args, chosen, input_files, validation_files):
         "command", "input", "validation", "output", "overwrite", "runner", "steps_per_job",
         "checkpoint_dir", "max_jobs", "ledger", "orchestrator_id", "warm_start")}
     configuration["neighbouring"] = chosen.relation   # (the algorithm's options are in args)
+    if configuration.get("rows_hint") is None:   # (release ids stay as before the flag)
+        configuration.pop("rows_hint", None)
     if configuration.get("privacy_unit_column") is None:
         # Row-level runs: their release ids stay as they were before these flags existed.
         configuration.pop("privacy_unit_column", None)
@@ -862,10 +885,16 @@ def _orchestrator(values) -> dict:
 
 def _train(args, beam_args: list[str]) -> int:
     from beam_dp import api, data, report
-    from beam_dp.algorithms import registry
+    from beam_dp.algorithms import choice, registry
 
-    chosen = registry.get(args.algorithm)
-    options = {f.name: getattr(args, f.name) for f in dataclasses.fields(chosen.options)}
+    if args.algorithm == choice.AUTO:
+        # Resolved by beam_dp.train (after the schema is read); here only what any choice
+        # shares: its relation, and the options given (none has a default here).
+        chosen = argparse.Namespace(relation=choice.relation())
+        options = {name: getattr(args, name) for name in choice.option_names() if hasattr(args, name)}
+    else:
+        chosen = registry.get(args.algorithm)
+        options = {f.name: getattr(args, f.name) for f in dataclasses.fields(chosen.options)}
     # Refuse a bad --output before any work (and again when writing).
     report.check_output_directory(args.output, args.overwrite)
     validation_files = data.list_files(args.validation) if args.validation else []
@@ -1096,6 +1125,10 @@ def _train_and_write(api, args, beam_args, options, validation_files, release, l
         return EXIT_MORE_JOBS
     for warning in model.privacy_report.get("warnings", []):
         print(f"beam-dp: warning: {warning}", file=sys.stderr)
+    chose = model.privacy_report.get("algorithm_choice")
+    if chose is not None:
+        print(f"beam-dp: --algorithm auto chose {chose['chosen']}: {chose['reason']}",
+              file=sys.stderr)
     model.privacy_report["release_id"] = release
     if ledger is not None:
         model.privacy_report["ledger"] = {"dataset_id": args.dataset_id,
@@ -1117,7 +1150,7 @@ def _train_and_write(api, args, beam_args, options, validation_files, release, l
     if metrics is not None:
         files["metrics.json"] = report.json_text(metrics)
     _write_outputs(args, files)
-    print(f"trained {args.model} with {args.algorithm}: epsilon={model.epsilon:.4g}, "
+    print(f"trained {args.model} with {model.artifact['algorithm']}: epsilon={model.epsilon:.4g}, "
           f"delta={args.delta:g}; wrote {args.output}")
     return 0
 
@@ -1154,7 +1187,8 @@ def _train_model(api, args, beam_args, options, gate=None):
         missing=_missing_policies(args.missing), ignore_columns=args.ignore_columns,
         privacy_unit_column=args.privacy_unit_column, max_rows_per_user=args.max_rows_per_user,
         quality_check=args.quality_check, quality_epsilon=args.quality_epsilon,
-        quality_label_bound=args.quality_label_bound, **options)
+        quality_label_bound=args.quality_label_bound, rows_hint=getattr(args, "rows_hint", None),
+        **options)
 
 
 def _concat_ids(pieces: list):

@@ -8,7 +8,8 @@ The constructor stores parameters only; ``fit`` returns self; learned state ends
 (``coef_``, ``intercept_``, ``classes_``, ``model_``, ``privacy_report_``), so the estimators work
 in ``Pipeline``s, ``ColumnTransformer``s and ``clone``. Algorithm options go in
 ``algorithm_options`` (a dict, e.g. ``{"clip_norm": 0.5}``): their names and defaults are those of
-``beam-dp algorithms``.
+``beam-dp algorithms``. ``algorithm="auto"`` lets ``beam_dp.algorithms.choice`` pick (dpgd for
+in-memory sizes; ``privacy_report_["algorithm_choice"]`` says what and why).
 
 Class labels are public information in this design: pass ``classes``. Without it they are read
 from ``y`` (as scikit-learn does), which reveals which labels occur; a ``PrivacyLeakWarning`` says

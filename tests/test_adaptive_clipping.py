@@ -1,4 +1,4 @@
-"""Issue 15 item 3: dpsgd's quantile-based adaptive clipping (Andrew et al. 2021,
+"""Issue 15 item 3: dpsgd's and dpgd's quantile-based adaptive clipping (Andrew et al. 2021,
 ``noisy_gd.AdaptiveClipStep``, --adaptive-clip-quantile) and dp-ambssgd's private step size
 (``dp_ambssgd.private_curvature``) with its divergence guard (``AmbssgdStep.check_iterate``).
 """
@@ -133,6 +133,67 @@ def test_adaptive_clipping_is_dpsgds_option_and_refuses_secure_noise():
     with pytest.raises(ValueError, match="use --noise float"):
         beam_dp.train(x, labels, algorithm="dpsgd", model="logistic", epsilon=1.0, seed=0,
                       noise="secure", adaptive_clip_quantile=0.5)
+
+
+# ------------------------------------------------- dpgd: the same kernel on every row (q = 1)
+
+@pytest.mark.parametrize("target", [0.3, 0.8])
+def test_dpgd_clip_norm_moves_to_the_target_quantile_of_every_rows_norms(target):
+    # Full batch: no sampling error, only the count's Gaussian, of std sigma_b = max(n / 20,
+    # 10 sigma) rows = n / 20 here (sigma = 1), so the noisy fraction's error has std
+    # s = sigma_b / n = 0.05 (the public n). With the same linearization as above
+    # (x_{t+1} = (1 - eta kappa) x_t - eta kappa e_t, kappa <= 1) the stationary std of
+    # F(C_t) - gamma is at most sqrt(eta / (2 - eta)) s; 4 of them bound the last iterate.
+    x, y, norms = _norms_problem()
+    n = len(y)
+    config = noisy_gd.NoisyGDConfig(algorithm="dpgd", noise_multiplier=1.0, num_examples=n,
+                                    steps=150, learning_rate=1e-12,
+                                    clip_norm=100.0 * float(np.quantile(norms, target)),
+                                    noise="float", adaptive_clip_quantile=target)
+    result = noisy_gd.train(config, losses.SquaredLoss(), 3, LocalAggregator(_blocks(x, y)), 5,
+                            accounting.Ledger())
+    summary = result.preprocessing["adaptive_clipping"]
+    assert result.sampling_probability == 1.0 and summary["count_normalizer"] == n
+    assert summary["count_noise_std"] == pytest.approx(n / 20)
+    eta = config.adaptive_clip_rate
+    tolerance = 4 * math.sqrt(eta / (2 - eta)) * (summary["count_noise_std"] / n)
+    final = summary["final_clip_norm"]
+    assert abs(np.mean(norms <= final) - target) <= tolerance, (np.mean(norms <= final), tolerance)
+
+
+def test_dpgd_ledger_composes_each_steps_count_with_its_gaussian_and_meets_the_target():
+    x, y, _ = _norms_problem(n=3000)
+    ledger = accounting.Ledger()
+    config = noisy_gd.NoisyGDConfig(algorithm="dpgd", epsilon=1.0, delta=1e-5, noise="float",
+                                    steps=30, adaptive_clip_quantile=0.5)   # private count
+    result = noisy_gd.train(config, losses.SquaredLoss(), 3, LocalAggregator(_blocks(x, y)), 2,
+                            ledger)
+    count, steps = ledger.releases
+    assert count.name == "laplace_count"
+    sigma, n = result.noise_multiplier, result.dataset_size["value"]
+    sigma_b = max(n / 20, 10 * sigma)   # the normalizer is max(n, floor) = n at n = 3000
+    assert steps.name == "gaussian_clipped_gradient_sum" and steps.count == result.steps == 30
+    # q = 1: the pair itself, not Poisson-sampled.
+    assert steps.event == events.ComposedDpEvent([events.GaussianDpEvent(sigma),
+                                                  events.GaussianDpEvent(sigma_b)])
+    assert steps.params["count_noise_std"] == pytest.approx(sigma_b)
+    epsilon = accounting.epsilon_of(ledger.event(), 1e-5)
+    assert 1.0 * (1 - 2 * accounting.CALIBRATION_TOLERANCE) <= epsilon <= 1.0
+
+
+def test_dpgd_takes_adaptive_clipping_with_float_noise_and_says_so():
+    import beam_dp
+    x, y, _ = _norms_problem(n=2000)
+    labels = (x[:, 0] + 0.5 * x[:, 1] > 0).astype(float)
+    model = beam_dp.train(x, labels, algorithm="dpgd", model="logistic", epsilon=1.0, seed=0,
+                          adaptive_clip_quantile=0.5, num_examples=len(labels))
+    report = model.privacy_report
+    assert report["preprocessing"]["adaptive_clipping"]["target_quantile"] == 0.5
+    assert report["epsilon"] <= 1.0
+    assert any("float Gaussian" in note for note in report["accounting_notes"])
+    with pytest.raises(ValueError, match="use --noise float"):
+        beam_dp.train(x, labels, algorithm="dpgd", epsilon=1.0, seed=0, noise="secure",
+                      adaptive_clip_quantile=0.5)
 
 
 # ============================================================ 2. dp-ambssgd's private step size

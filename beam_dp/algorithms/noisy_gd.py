@@ -8,8 +8,10 @@
   Clipping at C optimizes the Huberized loss of Lemma 5.1, which equals the original loss when
   C bounds every gradient.
 
-* ``dpsgd --adaptive-clip-quantile`` (Andrew et al. 2021): the clip norm follows a quantile of
-  the per-example gradient norms from a noisy count made in the same pass (``AdaptiveClipStep``).
+* ``--adaptive-clip-quantile`` (Andrew et al. 2021; dpsgd and dpgd): the clip norm follows a
+  quantile of the per-example gradient norms from a noisy count made in the same pass
+  (``AdaptiveClipStep``): over the step's Poisson sample (dpsgd) or over every row (dpgd, q = 1:
+  the same step with the sampling rate 1, the count normalized by the public n).
 
 Both are one driver because DP-GD is DP-SGD with q = 1; a separate module would repeat it.
 
@@ -71,7 +73,7 @@ class NoisyGDConfig:
     # dpgd --gradient-estimator projection: the l1 radius C sqrt(s) the noisy mean gradient is
     # projected onto (paper 001, Algorithm 1); None: the plain Gaussian estimate.
     projection_radius: float | None = None
-    # dpsgd --adaptive-clip-quantile: the target quantile gamma of the per-row gradient norms
+    # --adaptive-clip-quantile (dpsgd, dpgd): the target quantile gamma of the per-row gradient norms
     # that the clip norm tracks (Andrew et al. 2021), from ``clip_norm``; None: a fixed clip.
     adaptive_clip_quantile: float | None = None
     adaptive_clip_rate: float = 0.2     # eta_C of the geometric update
@@ -112,8 +114,6 @@ class NoisyGDConfig:
                                                        and math.isfinite(self.projection_radius)):
             raise ValueError("the gradient projection's radius must be a positive number")
         if self.adaptive_clip_quantile is not None:
-            if self.algorithm != "dpsgd":
-                raise ValueError("--adaptive-clip-quantile is dpsgd's")
             if not 0.0 < self.adaptive_clip_quantile < 1.0:
                 raise ValueError("--adaptive-clip-quantile must be a fraction in (0, 1)")
             if not (self.adaptive_clip_rate > 0 and math.isfinite(self.adaptive_clip_rate)):
@@ -310,7 +310,7 @@ class AdaptiveClipState(TrainState):
 
 @dataclasses.dataclass(frozen=True)
 class AdaptiveClipStep(NoisyGradientStep):
-    """A dpsgd step with quantile-based adaptive clipping (Andrew, Thakkar, McMahan & Ramaswamy,
+    """A dpsgd or dpgd step with quantile-based adaptive clipping (Andrew, Thakkar, McMahan & Ramaswamy,
     "Differentially private learning with adaptive clipping", NeurIPS 2021, Algorithm 1 with the
     geometric update), float noise only.
 
@@ -321,7 +321,9 @@ class AdaptiveClipStep(NoisyGradientStep):
     (sensitivity 1), divides both by the *public* expected batch size q n (never the realized
     one: its size is private under add/remove, and dividing by it would release it), and sets
     C_{t+1} = C_t exp(-eta_C (b - gamma)), b the noisy fraction. Accounted per step as
-    PoissonSampled(q, Composed([Gaussian(sigma), Gaussian(count_noise_std)])) (``_step_event``).
+    PoissonSampled(q, Composed([Gaussian(sigma), Gaussian(count_noise_std)])) (``_step_event``);
+    for dpgd q = 1: every row is in the step (the sampler selects all), the normalizer is the
+    public or privately counted n, and the event is the Composed pair itself.
     The clip norm is carried in the state (``AdaptiveClipState``), so the sensitivity of each
     step's release is the public C_t, a post-processing of earlier releases."""
 
@@ -692,8 +694,9 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
                                  f"{np.shape(initial_theta)}, this run {state.theta.shape}")
             state.theta = np.array(initial_theta, dtype=np.float64)
         if user_bounding is not None:
-            if config.algorithm != "dpgd" or config.noise != "float":
-                raise ValueError("user-level privacy is built for dpgd with float noise")
+            if config.algorithm != "dpgd" or config.noise != "float" or config.adaptive():
+                raise ValueError("user-level privacy is built for dpgd with float noise and a "
+                                 "fixed clip norm")
             dataset_size = release_dataset_size(
                 config, aggregator, seed, ledger,
                 lambda: aggregator.run_stages([user_level.DistinctUsersStage()], None))
@@ -899,6 +902,14 @@ _FEATURE_NORM = option(None, "normalize every feature vector to this norm before
                              "(recorded in model.json, applied again by predict); default: "
                              "features used as given, so --clip-norm must suit their scale",
                        low=0, low_open=True)
+# Adaptive clipping's options, shared by dpgd and dpsgd (one kernel, ``AdaptiveClipStep``).
+_ADAPTIVE_QUANTILE = option(
+    None, "adaptive clipping (Andrew et al. 2021): the clip norm starts at the given clip norm and "
+          "follows this quantile of the per-row gradient norms, from a noisy count of the rows "
+          "below it (dpsgd: of the step's sampled rows) made in the same pass (accounted with the "
+          "step; float noise); default off: a fixed clip norm", low=0, low_open=True, high=1)
+_ADAPTIVE_RATE = option(0.2, "eta_C of adaptive clipping's geometric update "
+                             "C <- C exp(-eta_C (b - gamma))", low=0, low_open=True)
 
 
 @dataclasses.dataclass
@@ -938,6 +949,8 @@ class DpgdOptions:
                     "rather than sqrt(d), but it shrinks the gradient: on the click-log benchmark "
                     "it was 1-2 points below 'gaussian'",
         choices=("gaussian", "projection"))
+    adaptive_clip_quantile: float | None = _ADAPTIVE_QUANTILE
+    adaptive_clip_rate: float = _ADAPTIVE_RATE
 
 
 @dataclasses.dataclass
@@ -960,13 +973,8 @@ class ScaledDpsgdOptions(DpsgdOptions):
 
     scale_features: str = _SCALE
     scale_epsilon: float | None = _SCALE_EPSILON
-    adaptive_clip_quantile: float | None = option(
-        None, "adaptive clipping (Andrew et al. 2021): the clip norm starts at the given clip norm "
-              "and follows this quantile of the per-row gradient norms, from a noisy count of the "
-              "sampled rows below it made in the same pass (accounted with the step; float "
-              "noise); default off: a fixed clip norm", low=0, low_open=True, high=1)
-    adaptive_clip_rate: float = option(0.2, "eta_C of adaptive clipping's geometric update "
-                                            "C <- C exp(-eta_C (b - gamma))", low=0, low_open=True)
+    adaptive_clip_quantile: float | None = _ADAPTIVE_QUANTILE
+    adaptive_clip_rate: float = _ADAPTIVE_RATE
 
 
 def core_config(name: str, options, problem: Problem, exclude=(), secure: bool = False) -> NoisyGDConfig:
@@ -1068,6 +1076,9 @@ def _check_user_level(options, problem: Problem) -> None:
     if getattr(options, "precondition", "none") == "counts":
         raise ValueError("--precondition counts bounds one row's influence, not one user's: it is "
                          "not available with --privacy-unit-column")
+    if getattr(options, "adaptive_clip_quantile", None) is not None:
+        raise ValueError("--adaptive-clip-quantile counts rows below the clip norm, not users: it "
+                         "is not available with --privacy-unit-column")
 
 
 SCALE_QUANTILES = (0.02, 0.98)

@@ -106,11 +106,17 @@ def _plain(value):
     return value.item() if isinstance(value, np.generic) else value
 
 
-def add_arguments(group, options_class) -> None:
-    """One CLI flag per declared field; the parsed value lands under the field's name."""
+def add_arguments(group, options_class, defaults: bool = True, skip=()) -> None:
+    """One CLI flag per declared field; the parsed value lands under the field's name.
+    ``defaults=False``: a flag not given leaves no attribute (``--algorithm auto`` must know
+    which options the user set); ``skip``: field names already added."""
     for f, kind in fields(options_class):
+        if f.name in skip:
+            continue
         meta = f.metadata
-        kwargs: dict[str, Any] = {"dest": f.name, "default": f.default, "help": meta.get("help", "")}
+        kwargs: dict[str, Any] = {"dest": f.name,
+                                  "default": f.default if defaults else argparse.SUPPRESS,
+                                  "help": meta.get("help", "")}
         if kind is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
