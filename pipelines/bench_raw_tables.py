@@ -77,6 +77,21 @@ def split(frame, seed: int):
     return frame.iloc[order[:cut]], frame.iloc[order[cut:]]
 
 
+def split_to_csv(frame, schema: dict, seed: int, path: str):
+    """The seed's 80/20 split: the training part written to ``path`` as the package gives it, and
+    the test part as (columns -> arrays, labels: 0/1 for a class label, else floats)."""
+    train, test = split(frame, seed)
+    train.to_csv(path, index=False)
+    label = schema["label"]
+    features = [c for c in frame.columns if c not in set(schema["ignore"]) | {label}]
+    x_test = {c: test[c].to_numpy() for c in features}
+    if "label_classes" in schema:
+        y_test = (test[label] == schema["label_classes"][1]).to_numpy().astype(int)
+    else:
+        y_test = test[label].to_numpy(dtype=float)
+    return train, x_test, y_test
+
+
 def score(metric: str, truth, predicted_score, predicted) -> float:
     from sklearn.metrics import roc_auc_score
     if metric == "auc":
@@ -188,14 +203,8 @@ def main(argv=None) -> int:
                     {**schema, "bounds": DOMAIN_BOUNDS[item]}}
         results: dict = {}
         for seed in range(args.seeds):
-            train, test = split(frame, seed)
             path = os.path.join(workdir, f"{item}-{seed}.csv")
-            train.to_csv(path, index=False)
-            x_test = {c: test[c].to_numpy() for c in features}
-            if "label_classes" in schema:
-                y_test = (test[label] == schema["label_classes"][1]).to_numpy().astype(int)
-            else:
-                y_test = test[label].to_numpy(dtype=float)
+            train, x_test, y_test = split_to_csv(frame, schema, seed, path)
             for name, declared in settings.items():
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
@@ -226,7 +235,7 @@ def main(argv=None) -> int:
                 "x_train": np.column_stack([train[c].to_numpy(float) for c in features]),
                 "y_train": ((train[label] == schema["label_classes"][1]).to_numpy().astype(int)
                             if "label_classes" in schema else train[label].to_numpy(float)),
-                "x_test": np.column_stack([test[c].to_numpy(float) for c in features]),
+                "x_test": np.column_stack([x_test[c].astype(float) for c in features]),
                 "y_test": y_test}
             for name, value in _peers_elsewhere(args.diffprivlib_python, arrays, metric, model,
                                                 args.epsilon, seed).items():
