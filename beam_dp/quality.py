@@ -207,7 +207,7 @@ class QualityStage:
                            "[(p^2 - 2ap) / 3L^2, a / L, a^2 / L^2], a and p the label and "
                            "prediction clamped to [-L, L]"),
                   "purpose": "the model-quality check against a constant predictor"}
-        if self.relation != accounting.ADD_REMOVE:   # (add/remove's entry as it was)
+        if self.relation == accounting.REPLACE_ONE:   # (add/remove's entries as they were)
             params["neighbouring"] = self.relation
         if self.label_bound is not None:
             params["label_bound"] = self.label_bound
@@ -242,7 +242,7 @@ def _fingerprint(theta: np.ndarray, check: Check) -> str:
     import hashlib
     digest = hashlib.sha256(np.ascontiguousarray(theta, dtype=np.float64).tobytes())
     digest.update(repr((check.noise_multiplier, check.label_bound, check.noise)).encode())
-    if check.relation != accounting.ADD_REMOVE:   # (add/remove's fingerprint as it was)
+    if check.relation == accounting.REPLACE_ONE:   # (add/remove's fingerprints as they were)
         digest.update(check.relation.encode())
     return digest.hexdigest()
 
