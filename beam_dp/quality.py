@@ -49,6 +49,19 @@ adjacency, sensitivity 2; this library's RDP path halves the multiplier to match
 
 ``sensitivity(loss, relation)`` is that unit; the stage's noise std is m times it.
 
+How the replace-one algorithms leave room for it (each used to calibrate to the whole (epsilon,
+delta) alone): they calibrate against the ledger, as the add/remove ones do, rather than to a
+hand split (epsilon - share, delta - its share), because a split charges the check at basic
+composition while dp_accounting's PLD composition of a small Gaussian costs far less (the
+algorithms' noise rises by 0.2-0.8 percent, README). ``accounting.prior_event`` is what the
+ledger holds when training starts (the check's release), and each calibration measures
+``accounting.after(prior, its own event)``: mirror-descent's steps, objective-perturbation's and
+output-perturbation's output Gaussian (the objective's (eps1, delta1) stays the paper's split),
+bias-reduced-sgd's plan of steps. heavy-tailed-md's one release is an (eps, delta_gg)
+``ApproxDpEvent``, which cannot share delta unless told to: delta_gg is a share of delta
+(``heavy_tailed_md.PRIOR_DELTA_SHARES``, the one needing least noise), the rest the check's. The
+reported epsilon is the ledger's, by dp_accounting; tests check it is within the target.
+
 The rule (``verdict``), on the noisy figures and the std of their noise (the delta method for
 the regression's S1^2 / n term; the error of a released n and the noisy choice of k* are not
 in the std): "not better than constant" when (constant's error - model's error) is not above
