@@ -1494,6 +1494,18 @@ def _composed(releases: list) -> events.DpEvent:
     return events.ComposedDpEvent([r.composed() for r in releases])
 
 
+def prior_event(ledger: "Ledger | None") -> events.DpEvent | None:
+    """What ``ledger`` already holds (e.g. the quality check's release, reserved before
+    training), for a calibration that must meet the run's target with it; None when empty."""
+    return ledger.event() if ledger is not None and ledger.releases else None
+
+
+def after(prior: events.DpEvent | None, event: events.DpEvent) -> events.DpEvent:
+    """``event`` composed after ``prior`` (``prior_event``): what a calibration against the
+    ledger measures; ``event`` itself without one (the same calibration as before)."""
+    return event if prior is None else events.ComposedDpEvent([prior, event])
+
+
 def self_composed(event: events.DpEvent, count: int) -> events.DpEvent:
     """``count`` runs of ``event``. k Gaussian mechanisms with multiplier s compose to exactly one
     Gaussian with multiplier s / sqrt(k) (their privacy-loss distributions are Gaussian), which

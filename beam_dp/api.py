@@ -322,7 +322,7 @@ def _run(X, y, *, input, algorithm, model, epsilon, delta, noise_multiplier, acc
                 noisy = aggregator.run_stages([stage], {})[stage.key]
                 quality.save(problem.checkpoint_dir, result.theta, check, noisy)
             checked = quality.verdict(loss, noisy, check.noise_multiplier, check.label_bound,
-                                      result.dataset_size["value"])
+                                      result.dataset_size["value"], check.relation)
             checked.update(
                 covered_by_privacy_guarantee=True,
                 note=(f"noisy sums over the training data: DP releases ({quality.RELEASE} in the "

@@ -3,8 +3,9 @@
 Issue 15: no run that ends with exit code 0 may write a model worse than a constant predictor
 on the training distribution without saying so. The check is one more stage over the training
 data, through the run's own Aggregator, after training: per-row bounded quantities summed
-exactly and released with Gaussian noise (a ``GaussianDpEvent`` under add/remove, whose L2
-sensitivity is the bound on one row's vector, derived below). Its noise depends on public
+exactly and released with Gaussian noise (a ``GaussianDpEvent`` under the run's neighbouring
+relation, whose L2 sensitivity is derived below: under add/remove the bound on one row's vector,
+under replace-one that of the change of one row's vector). Its noise depends on public
 constants only, so its event goes into the ledger *before* training (``reserve``): every
 algorithm that calibrates its noise against the releases already in the ledger then meets the
 run's total (epsilon, delta) with the check included.
@@ -25,6 +26,41 @@ What is released (``QualityStage``; every figure a DP release, never an exact va
   L^2 S2, the best constant's (the mean of a) L^2 S2 - L^2 S1^2 / n. Clamping both sides is a
   1-Lipschitz projection, so the model's clamped error never exceeds its true error against the
   clamped labels.
+
+Under replace-one (the relation of mirror-descent, heavy-tailed-md, objective-perturbation,
+bias-reduced-sgd, output-perturbation) the event is recorded under the run's own relation (one
+ledger, one relation), and the noise is set for a replaced row: one row's vector v becomes any
+other v', the sum moves by v' - v. dp_accounting reads a replace-one ``GaussianDpEvent(m)`` as
+noise std m against a unit where a replacement moves the sum by at most 2 units (PLD's REPLACE
+adjacency, sensitivity 2; this library's RDP path halves the multiplier to match:
+``accounting._rdp_replace_one_units``), so the noise std is m x (the bound on ||v' - v|| / 2):
+
+* classifiers: v' - v = [c' - c, e_y' - e_y]; |c' - c| <= 1 and ||e_y' - e_y||^2 <= 2 (two
+  one-hots differ in at most two places), so ||v' - v|| <= sqrt(3) (attained: a correct row
+  replaced by a wrong one of another class), unit sqrt(3) / 2 ~ 0.87 (against sqrt(2) ~ 1.41
+  under add/remove: a replacement needs less than twice the add/remove bound here).
+* regression (in units of L, a, p in [-1, 1]): v = [(p^2 - 2ap) / 3, a, a^2]. The first
+  coordinate lies in [-1/3, 1] (p^2 - 2ap >= p^2 - 2|p| >= -1), so its change is at most 4/3.
+  The other two change by (s, s t) with s = a' - a, t = a' + a, |s| + |t| = 2 max(|a|, |a'|)
+  <= 2: s^2 (1 + t^2) <= f(s) = s^2 (1 + (2 - s)^2) on [0, 2], whose derivative 2s (2s^2 - 6s
+  + 5) is >= 0 (no real root of the quadratic), so at most f(2) = 4. Hence ||v' - v||^2 <= 16/9
+  + 4 = 52/9, attained at (a, p) = (1, -1) replaced by (-1, -1): ||v' - v|| <= sqrt(52) / 3 ~
+  2.40 (not 2 sqrt(3) ~ 3.46), unit sqrt(13) / 3 ~ 1.20 (against sqrt(3) ~ 1.73).
+
+``sensitivity(loss, relation)`` is that unit; the stage's noise std is m times it.
+
+How the replace-one algorithms leave room for it (each used to calibrate to the whole (epsilon,
+delta) alone): they calibrate against the ledger, as the add/remove ones do, rather than to a
+hand split (epsilon - share, delta - its share), because a split charges the check at basic
+composition while dp_accounting's PLD composition of a small Gaussian costs far less (the
+algorithms' noise rises by 0.2-0.8 percent, README). ``accounting.prior_event`` is what the
+ledger holds when training starts (the check's release), and each calibration measures
+``accounting.after(prior, its own event)``: mirror-descent's steps, objective-perturbation's and
+output-perturbation's output Gaussian (the objective's (eps1, delta1) stays the paper's split),
+bias-reduced-sgd's plan of steps. heavy-tailed-md's one release is an (eps, delta_gg)
+``ApproxDpEvent``, which cannot share delta unless told to: delta_gg is a share of delta
+(``heavy_tailed_md.PRIOR_DELTA_SHARES``, the one needing least noise), the rest the check's. The
+reported epsilon is the ledger's, by dp_accounting; tests check it is within the target.
 
 The rule (``verdict``), on the noisy figures and the std of their noise (the delta method for
 the regression's S1^2 / n term; the error of a released n and the noisy choice of k* are not
@@ -47,6 +83,15 @@ from dp_accounting import dp_event as events
 
 from beam_dp import accounting, clipping, features, losses, mechanisms, stats
 from beam_dp.algorithms import registry
+
+
+def sensitivity(loss: losses.GlmLoss, relation: str = accounting.ADD_REMOVE) -> float:
+    """The L2 sensitivity of one row's vector in the units its ``GaussianDpEvent`` is read in
+    under ``relation`` (module docstring): add/remove (and one user, whose rows' bounding makes
+    it a row's) the bound on ||v||; replace-one half the bound on ||v' - v||."""
+    if relation == accounting.REPLACE_ONE:
+        return math.sqrt(3.0) / 2.0 if loss.is_classifier else math.sqrt(13.0) / 3.0
+    return math.sqrt(2.0) if loss.is_classifier else math.sqrt(3.0)
 
 # The check's default share of epsilon: its noise multiplier is calibrated (dp_accounting) so
 # that it alone would cost this share; the algorithm's calibration then fits the rest around it.
@@ -119,6 +164,7 @@ class QualityStage:
     stream: tuple = (_STREAM,)
     noise: str = "float"    # "secure": exact sum on a grid, discrete Gaussian (stats.mean_grid)
     key: str = "quality"
+    relation: str = accounting.ADD_REMOVE   # the run's neighbouring relation (``sensitivity``)
 
     @property
     def columns(self) -> int:
@@ -130,8 +176,8 @@ class QualityStage:
 
     @property
     def sensitivity(self) -> float:
-        """The L2 bound of one row's vector (module docstring)."""
-        return math.sqrt(2.0) if self.loss.is_classifier else math.sqrt(3.0)
+        """The L2 sensitivity of one row's vector under the run's relation (module docstring)."""
+        return sensitivity(self.loss, self.relation)
 
     def zero_sum(self):
         if self.noise == "secure":
@@ -174,6 +220,8 @@ class QualityStage:
                            "[(p^2 - 2ap) / 3L^2, a / L, a^2 / L^2], a and p the label and "
                            "prediction clamped to [-L, L]"),
                   "purpose": "the model-quality check against a constant predictor"}
+        if self.relation == accounting.REPLACE_ONE:   # (add/remove's entries as they were)
+            params["neighbouring"] = self.relation
         if self.label_bound is not None:
             params["label_bound"] = self.label_bound
         if self.noise == "secure":
@@ -192,11 +240,12 @@ class Check:
     label_bound: float | None
     noise: str
     epsilon_share: float | None   # the epsilon it was calibrated to alone (None: --noise-multiplier)
+    relation: str = accounting.ADD_REMOVE   # the ledger's: the event's and the noise's relation
 
     def stage(self, loss, theta, transform, seed: int) -> QualityStage:
         return QualityStage(loss, np.array(theta, dtype=np.float64), transform,
                             self.noise_multiplier, stats.stages_seed(seed), self.label_bound,
-                            noise=self.noise)
+                            noise=self.noise, relation=self.relation)
 
 
 SAVED = "quality.json"
@@ -206,6 +255,8 @@ def _fingerprint(theta: np.ndarray, check: Check) -> str:
     import hashlib
     digest = hashlib.sha256(np.ascontiguousarray(theta, dtype=np.float64).tobytes())
     digest.update(repr((check.noise_multiplier, check.label_bound, check.noise)).encode())
+    if check.relation == accounting.REPLACE_ONE:   # (add/remove's fingerprints as they were)
+        digest.update(check.relation.encode())
     return digest.hexdigest()
 
 
@@ -278,10 +329,12 @@ def reserve(ledger: accounting.Ledger, loss: losses.GlmLoss, privacy, *, epsilon
         bound = float(label_bound if label_bound is not None else DEFAULT_LABEL_BOUND)
         if not (bound > 0 and math.isfinite(bound) and bound <= 1e150):
             raise ValueError("quality_label_bound (--quality-label-bound) must be in (0, 1e150]")
-    check = Check(multiplier, bound, "secure" if secure else "float", share)
+    # The ledger's relation is the run's (one ledger composes one relation): the event is
+    # recorded under it, and the stage's noise is scaled for it (``sensitivity``).
+    check = Check(multiplier, bound, "secure" if secure else "float", share, ledger.neighbouring)
     # The noise is decided here: only the stage's shape and bound matter to its releases.
     probe = QualityStage(loss, np.zeros((loss.outputs(), 1)), None, multiplier, 0, bound,
-                         noise=check.noise)
+                         noise=check.noise, relation=check.relation)
     if check.noise == "secure":
         stats.mean_grid(probe.sensitivity, multiplier, probe.columns)   # refuses an odd multiplier
     stats.record_releases([probe], ledger)
@@ -293,12 +346,13 @@ def _std(tau: float, gradient) -> float:
 
 
 def verdict(loss: losses.GlmLoss, noisy: np.ndarray, noise_multiplier: float,
-            label_bound: float | None, n: float) -> dict:
+            label_bound: float | None, n: float,
+            relation: str = accounting.ADD_REMOVE) -> dict:
     """The report of the check from its noisy sums (post-processing only): the figures with
     their noise std, and ``status``: "better", "not_better" or "much_worse"."""
     noisy = np.asarray(noisy, dtype=np.float64)
     if loss.is_classifier:
-        tau = noise_multiplier * math.sqrt(2.0)
+        tau = noise_multiplier * sensitivity(loss, relation)
         correct, counts = noisy[0], noisy[1:]
         k = len(counts)
         n = max(float(counts.sum()), 1.0)   # the noisy class counts' sum
@@ -310,7 +364,7 @@ def verdict(loss: losses.GlmLoss, noisy: np.ndarray, noise_multiplier: float,
         span = 1.0
     else:
         L2 = float(label_bound) ** 2
-        tau = noise_multiplier * math.sqrt(3.0)
+        tau = noise_multiplier * sensitivity(loss, relation)
         q, s1, s2 = noisy
         n = max(float(n), 1.0)
         mean = float(np.clip(s1 / n, -1.0, 1.0))   # (the clamped labels' mean lies in [-1, 1] L)
@@ -346,6 +400,8 @@ def verdict(loss: losses.GlmLoss, noisy: np.ndarray, noise_multiplier: float,
                  f"std; much worse (no model written) when the model's error exceeds "
                  f"{MUCH_WORSE:g}x the constant's by more than {MUCH_WORSE_Z:g} noise std"),
         "rows": float(n),
+        "neighbouring": relation,
+        "sensitivity": sensitivity(loss, relation),
     }
 
 

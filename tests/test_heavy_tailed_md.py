@@ -265,8 +265,10 @@ def test_the_reported_epsilon_recomputed_from_the_report(tmp_path):
     n, d = 3000, 4
     x = g.normal(size=(n, d))
     y = x @ np.r_[0.5, -0.2, 0, 0] + g.standard_t(2.5, size=n)
+    # Its own releases alone (the quality check's: test_quality_check_replace_one.py).
     model = beam_dp.train(x, y, algorithm="heavy-tailed-md", model="linear", epsilon=0.7,
-                          delta=1e-6, num_examples=n, seed=3, p=1.3, radius=2.0)
+                          delta=1e-6, num_examples=n, seed=3, p=1.3, radius=2.0,
+                          quality_check="off")
     report = model.privacy_report
     (mechanism,) = report["mechanisms"]
     parameters = report["algorithm_parameters"]
@@ -295,8 +297,10 @@ def test_a_noise_multiplier_buys_the_lemmas_epsilon():
     g = np.random.default_rng(7)
     x = g.normal(size=(500, 3))
     y = x[:, 0] + g.normal(size=500)
+    # Its own releases alone (the quality check's: test_quality_check_replace_one.py).
     model = beam_dp.train(x, y, algorithm="heavy-tailed-md", model="linear",
-                          noise_multiplier=10.0, num_examples=500, seed=1)
+                          noise_multiplier=10.0, num_examples=500, seed=1,
+                          quality_check="off")
     _, kappa = H.regularity(1.5, 4)
     expected = math.sqrt(2 * kappa * math.log(1e5)) / 10.0
     assert model.privacy_report["epsilon"] == pytest.approx(expected, abs=2e-4)
@@ -425,9 +429,10 @@ def test_cli_on_mass_boston(cli, tmp_path):
     table.to_csv(path, index=False)
     features = [c for c in table.columns if c != "medv"]
     out = tmp_path / "model"
+    # Its own releases alone (the quality check's: test_quality_check_replace_one.py).
     r = cli("train", "--input", path, "--output", out, "--algorithm", "heavy-tailed-md",
             "--model", "linear", "--label-column", "medv", "--epsilon", "1", "--seed", "4",
-            "--radius", "5", "--runner", "local")
+            "--radius", "5", "--runner", "local", "--quality-check", "off")
     assert r.code == 0, r
     artifact = read_json(out / "model.json")
     assert artifact["algorithm"] == "heavy-tailed-md"

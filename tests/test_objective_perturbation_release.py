@@ -119,9 +119,10 @@ def test_reported_epsilon_recomputed_with_dp_accounting(epsilon):
     by dp_accounting's PLD (no project code): at most the target, within the calibration's
     precision below it."""
     x, y = _logistic_problem(n=3000, d=5, seed=4)
+    # Its own releases alone (the quality check's: test_quality_check_replace_one.py).
     model = beam_dp.train(x, (y > 0).astype(float), algorithm="objective-perturbation",
                           epsilon=epsilon, seed=1, runner="local", constraint="l1-ball",
-                          radius=3.0)
+                          radius=3.0, quality_check="off")
     report = model.privacy_report
     assert report["neighbouring"] == accounting.REPLACE_ONE
     objective, output = report["mechanisms"]

@@ -426,8 +426,10 @@ def _step_rdp(level: int, n: int, estimator: MeanEstimator) -> np.ndarray:
 
 
 def composed_epsilon(levels, n: int, delta: float, estimator: MeanEstimator,
-                     method: str | None = None) -> float:
-    """Epsilon at ``delta`` of the steps at ``levels``, from dp_accounting: "wor-rdp", the sum of
+                     method: str | None = None, prior: events.DpEvent | None = None) -> float:
+    """Epsilon at ``delta`` of the steps at ``levels``, composed after ``prior`` (the releases
+    already in the run's ledger, e.g. the quality check's Gaussian reserved before training:
+    the steps that fit are those that fit with it), from dp_accounting: "wor-rdp", the sum of
     the per-level RDP vectors (what its RDP accountant composes) through its ``compute_epsilon``
     (what its ``get_epsilon`` returns); "conservative", its PLD accountant."""
     method = _method(estimator, method)
@@ -435,10 +437,11 @@ def composed_epsilon(levels, n: int, delta: float, estimator: MeanEstimator,
     if levels.size == 0:
         return 0.0
     if method == "conservative":
-        return accounting.epsilon_of(composed_event(levels, n, estimator, method), delta, "pld",
-                                     accounting.REPLACE_ONE)
+        return accounting.epsilon_of(
+            accounting.after(prior, composed_event(levels, n, estimator, method)), delta, "pld",
+            accounting.REPLACE_ONE)
     counts = np.bincount(levels, minlength=max_level(n) + 1)
-    rdp = np.zeros(len(RDP_ORDERS))
+    rdp = np.zeros(len(RDP_ORDERS)) if prior is None else _rdp_vector(prior).copy()
     for j, c in enumerate(counts):
         if c > 0:
             rdp += c * _step_rdp(j, n, estimator)
@@ -465,7 +468,7 @@ class Plan:
 
 
 def plan(levels, n: int, epsilon: float, delta: float, estimator: MeanEstimator,
-         method: str | None = None) -> Plan:
+         method: str | None = None, prior: events.DpEvent | None = None) -> Plan:
     """T such that the first T + 1 steps of ``levels`` (pre-sampled, public) compose to at most
     (epsilon, delta) and the first T + 2 do not (or T + 1 = len(levels), ``capped``). Galloping
     and binary search: the composed epsilon grows with the number of steps. ValueError if even
@@ -480,7 +483,7 @@ def plan(levels, n: int, epsilon: float, delta: float, estimator: MeanEstimator,
         raise ValueError(f"levels must be in 1..{max_level(n)}")
 
     def at(calls: int) -> float:
-        return composed_epsilon(levels[:calls], n, delta, estimator, method)
+        return composed_epsilon(levels[:calls], n, delta, estimator, method, prior)
 
     if at(1) > epsilon:
         raise ValueError("even one step exceeds the budget: lower epsilon0 or raise the budget")
@@ -841,7 +844,10 @@ def train(options: BiasReducedOptions, problem: registry.Problem, aggregator, se
         raise ValueError("bias-reduced-sgd needs at least 2 rows")
     levels = sample_levels(seed, options.max_steps, n)
     try:
-        planned = plan(levels, n, epsilon, delta, estimator, method)
+        # Against the ledger: the steps that fit with the releases already there (the
+        # quality check's, reserved before training).
+        planned = plan(levels, n, epsilon, delta, estimator, method,
+                       accounting.prior_event(ledger))
     except ValueError as e:
         raise ValueError(f"bias-reduced-sgd: {e} (--call-epsilon, --epsilon)") from None
     calls = planned.calls
@@ -898,4 +904,4 @@ BIAS_REDUCED_SGD = registry.Algorithm(
     checkpoints=False,
     why_no_checkpoints="its whole run is planned and recorded in the ledger before the first "
                        "step, from one seed; a resume would need that plan and those batches kept",
-    sparse_input=True, check_privacy=_check_privacy)
+    sparse_input=True, check_privacy=_check_privacy, quality_check=True)

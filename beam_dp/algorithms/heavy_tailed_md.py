@@ -66,6 +66,7 @@ import math
 from typing import Callable
 
 import numpy as np
+from dp_accounting import dp_event as events
 
 from beam_dp import accounting, geometry, mechanisms
 from beam_dp.algorithms import registry
@@ -435,17 +436,37 @@ def check_budget(privacy: registry.Privacy, p: float, dim: int, fit_intercept: b
                          "mechanism is proven for: use a larger multiplier")
 
 
-def calibrate_sigma(epsilon: float, delta: float, kappa: float, accountant: str) -> float:
-    """The noise multiplier (GG scale / sensitivity) whose event meets (epsilon, delta) by the
-    accountant (replace-one), found by the library's calibration over Lemma 3's event; at or above
-    the closed form sqrt(2 kappa ln(1/delta)) / epsilon."""
-    def event(multiplier: float):
-        return accounting.ApproxDpEvent(
-            accounting.generalized_gaussian_epsilon(multiplier, 1.0, kappa, delta), delta)
-    closed = math.sqrt(2.0 * kappa * math.log(1.0 / delta)) / epsilon
-    found = accounting.calibrate_noise_multiplier(event, epsilon, delta, accountant,
-                                                  accounting.REPLACE_ONE, guess=closed, slope=-1.0)
-    return max(found, closed)
+# With releases already in the ledger (the quality check's Gaussian, reserved before training),
+# the batches' (eps, delta_gg) release cannot take the whole delta: delta_gg is this share of it,
+# the one (of these) that needs the least noise, and the rest of delta is the prior's.
+PRIOR_DELTA_SHARES = (0.5, 0.75, 0.9)
+
+
+def release_delta(delta: float, prior: events.DpEvent | None, share: float | None = None) -> float:
+    """delta_gg of the batches' release: delta without a prior, else ``share`` of it."""
+    return delta if prior is None else (share if share is not None else PRIOR_DELTA_SHARES[0]) * delta
+
+
+def calibrate_sigma(epsilon: float, delta: float, kappa: float, accountant: str,
+                    prior: events.DpEvent | None = None) -> tuple[float, float]:
+    """(multiplier, delta_gg): the noise multiplier (GG scale / sensitivity) whose event at
+    delta_gg, composed after ``prior`` (the releases already in the ledger), meets (epsilon,
+    delta) by the accountant (replace-one), found by the library's calibration over Lemma 3's
+    event; at or above the closed form sqrt(2 kappa ln(1/delta_gg)) / epsilon."""
+    best = None
+    for share in (PRIOR_DELTA_SHARES if prior is not None else (None,)):
+        delta_gg = release_delta(delta, prior, share)
+
+        def event(multiplier: float, delta_gg=delta_gg):
+            return accounting.after(prior, accounting.ApproxDpEvent(
+                accounting.generalized_gaussian_epsilon(multiplier, 1.0, kappa, delta_gg),
+                delta_gg))
+        closed = math.sqrt(2.0 * kappa * math.log(1.0 / delta_gg)) / epsilon
+        found = max(closed, accounting.calibrate_noise_multiplier(
+            event, epsilon, delta, accountant, accounting.REPLACE_ONE, guess=closed, slope=-1.0))
+        if best is None or found < best[0]:
+            best = (found, delta_gg)
+    return best
 
 
 # ------------------------------------------------------------------------------ training
@@ -467,18 +488,21 @@ def train(options: HeavyTailedMdOptions, problem: Problem, aggregator, seed: int
     dataset_size = public_dataset_size(privacy.num_examples, aggregator)
     n = dataset_size["value"]
     delta = privacy.delta
+    prior = accounting.prior_event(ledger)   # the quality check's release, if reserved
     if privacy.epsilon is not None:
         _, kappa = regularity(options.p, problem.dim + int(problem.fit_intercept))
-        multiplier = calibrate_sigma(privacy.epsilon, delta, kappa, privacy.accountant)
+        multiplier, delta_gg = calibrate_sigma(privacy.epsilon, delta, kappa, privacy.accountant,
+                                               prior)
         epsilon_for_plan = privacy.epsilon
     else:
         multiplier = float(privacy.noise_multiplier)
+        delta_gg = release_delta(delta, prior)
         _, kappa = regularity(options.p, problem.dim + int(problem.fit_intercept))
-        epsilon_for_plan = accounting.generalized_gaussian_epsilon(multiplier, 1.0, kappa, delta)
+        epsilon_for_plan = accounting.generalized_gaussian_epsilon(multiplier, 1.0, kappa, delta_gg)
     public = plan(options, n, epsilon_for_plan, delta, problem.dim, problem.fit_intercept)
     sensitivity = public["sensitivity"]
     sigma = multiplier * sensitivity
-    event = accounting.generalized_gaussian_event(sigma, sensitivity, public["kappa"], delta)
+    event = accounting.generalized_gaussian_event(sigma, sensitivity, public["kappa"], delta_gg)
     gamma = step_size(options, public, sigma)
     T = public["batches"]
     params = dict(noise_multiplier=multiplier, sigma=sigma, sensitivity=sensitivity,
@@ -539,4 +563,4 @@ HEAVY_TAILED_MD = _HeavyTailedAlgorithm(
                        "coefficients in an l_p ball (1 < p < 2), epsilon <= 1: truncated "
                        "mirror descent, one pass (paper 004, Algorithm 7)",
     ("linear",), HeavyTailedMdOptions, _train_registered, relation=accounting.REPLACE_ONE,
-    checkpoints=False)
+    checkpoints=False, quality_check=True)

@@ -417,15 +417,20 @@ def gg_floor(kappa: float, delta0: float) -> float:
     return 2.0 * math.sqrt(2.0 * kappa * math.log(1.0 / delta0))
 
 
-def calibrate(geo: dict, steps: int, epsilon: float, delta: float, accountant: str) -> tuple:
+def calibrate(geo: dict, steps: int, epsilon: float, delta: float, accountant: str,
+              prior: events.DpEvent | None = None) -> tuple:
     """(multiplier, delta0): the noise whose T-fold composition meets (epsilon, delta) by the
     PLD accountant (replace-one), with ``accounting.calibrate_noise_multiplier``. Gaussian:
     delta0 is None. GG: delta0 = share * delta / T for the share in DELTA_SHARES that needs the
     least noise (public inputs only); the multiplier is never below ``gg_floor`` (eps0 <= 1): where
-    even that meets the target, it is used, and the run spends less than asked."""
+    even that meets the target, it is used, and the run spends less than asked. ``prior``: the
+    releases already in the run's ledger (the quality check's, reserved before training): the
+    steps are calibrated so that, composed after them by the accountant, they meet the target
+    (as the add/remove algorithms calibrate against the ledger; the GG's delta0 shares leave the
+    rest of delta to the prior's Gaussian)."""
     if geo["gaussian"]:
         def make(m):
-            return accounting.gaussian_steps_event(m, 1.0, steps)
+            return accounting.after(prior, accounting.gaussian_steps_event(m, 1.0, steps))
         guess = 2.0 * math.sqrt(steps * 2.0 * math.log(1.25 / delta)) / epsilon
         return accounting.calibrate_noise_multiplier(
             make, epsilon, delta, accountant, accounting.REPLACE_ONE, guess=guess, slope=-1.0), None
@@ -435,7 +440,8 @@ def calibrate(geo: dict, steps: int, epsilon: float, delta: float, accountant: s
         floor = gg_floor(geo["kappa"], delta0)
 
         def make(m, delta0=delta0):
-            return accounting.self_composed(step_event(geo, m, delta0, capped=False), steps)
+            return accounting.after(
+                prior, accounting.self_composed(step_event(geo, m, delta0, capped=False), steps))
         # advanced composition's multiplier as the starting point (PLD needs less)
         guess = max(floor, 2.0 * math.sqrt(2.0 * geo["kappa"] * math.log(1.0 / delta0))
                     * 2.0 * math.sqrt(2.0 * steps * math.log(2.0 / delta)) / epsilon * 0.5)
@@ -482,7 +488,8 @@ def _refine(make, found: float, floor: float, epsilon: float, delta: float,
     return hi
 
 
-def plan(options: MirrorDescentOptions, geo: dict, n: int, privacy) -> dict:
+def plan(options: MirrorDescentOptions, geo: dict, n: int, privacy,
+         prior: events.DpEvent | None = None) -> dict:
     """The public plan: T, alpha, rho, and the noise (calibrated to the target)."""
     steps = int(options.steps) if options.steps is not None else default_steps(
         n, privacy.epsilon, privacy.delta, geo, options.max_steps)
@@ -493,7 +500,7 @@ def plan(options: MirrorDescentOptions, geo: dict, n: int, privacy) -> dict:
         delta0 = None if geo["gaussian"] else DELTA_SHARES[2] * privacy.delta / steps
     else:
         multiplier, delta0 = calibrate(geo, steps, privacy.epsilon, privacy.delta,
-                                       privacy.accountant)
+                                       privacy.accountant, prior)
     return {"steps": steps, "alpha": alpha, "log_rho": math.log1p(alpha / (2.0 * beta)),
             "noise_multiplier": multiplier, "delta_per_step": delta0,
             "sigma": multiplier * geo["clip_norm"] / n}
@@ -507,6 +514,7 @@ def train(options: MirrorDescentOptions, problem: Problem, aggregator, seed: int
     if ledger.neighbouring != accounting.REPLACE_ONE:
         raise ValueError("mirror-descent's guarantee is for replace-one neighbours")
     geo = geometry_plan(options, problem)
+    prior = accounting.prior_event(ledger)
     if not geo["gaussian"] and privacy.accountant != "pld":
         raise ValueError("mirror-descent with p < 2 releases generalized Gaussian noise, known only "
                          "to be (epsilon, delta)-DP: the RDP accountant cannot compose it; use "
@@ -515,7 +523,11 @@ def train(options: MirrorDescentOptions, problem: Problem, aggregator, seed: int
                      **{k: v for k, v in dataclasses.asdict(privacy).items()},
                      "model": problem.loss.name, "dim": problem.dim,
                      "outputs": problem.loss.outputs(), "fit_intercept": problem.fit_intercept,
-                     "input": problem.source, "seed_fixed": problem.seed_fixed}
+                     "input": problem.source, "seed_fixed": problem.seed_fixed,
+                     # The releases before training (the quality check's) set the noise: a
+                     # checkpoint's plan is resumed only with the same ones.
+                     "prior_releases": (accounting.event_to_json(prior) if prior is not None
+                                        else None)}
     checkpoint_dir = problem.checkpoint_dir
     resumed = load_checkpoint(checkpoint_dir, public_config) if checkpoint_dir else None
     if resumed is not None:
@@ -523,7 +535,7 @@ def train(options: MirrorDescentOptions, problem: Problem, aggregator, seed: int
     else:
         state = TrainState.zeros(problem.loss.outputs(), problem.dim)
         dataset_size = public_dataset_size(privacy.num_examples, aggregator)
-        public = plan(options, geo, dataset_size["value"], privacy)
+        public = plan(options, geo, dataset_size["value"], privacy, prior)
         public["dataset_size"] = dataset_size
     n = public["dataset_size"]["value"]
     steps, multiplier, delta0 = public["steps"], public["noise_multiplier"], public["delta_per_step"]
@@ -607,4 +619,4 @@ MIRROR_DESCENT = Algorithm(
     "mirror-descent", "many features and a model with few large coefficients (l_p geometry, "
                       "1 < p < 2): noisy regularized mirror descent, full batch, replace-one "
                       "neighbours (n public)",
-    MODELS, MirrorDescentOptions, train, relation=accounting.REPLACE_ONE)
+    MODELS, MirrorDescentOptions, train, relation=accounting.REPLACE_ONE, quality_check=True)

@@ -205,13 +205,17 @@ def least_regularization(smooth: Smoothness, epsilon1: float, n: int) -> float:
 
 
 def output_multiplier(epsilon: float, delta: float, epsilon1: float, delta1: float,
-                      accountant: str) -> float:
+                      accountant: str, prior: events.DpEvent | None = None) -> float:
     """H's noise multiplier sigma2 / r0: the least whose Gaussian, composed with the objective
-    perturbation's (eps1, delta1), meets (epsilon, delta) by ``accountant`` (replace-one)."""
+    perturbation's (eps1, delta1) and ``prior`` (the releases already in the run's ledger: the
+    quality check's, reserved before training), meets (epsilon, delta) by ``accountant``
+    (replace-one). The output Gaussian is the part calibrated, so it is the one that makes room
+    for the check: eps1 and delta1 stay the paper's split, the composition is dp_accounting's."""
     objective = accounting.ApproxDpEvent(epsilon1, delta1)
 
     def make(multiplier):
-        return events.ComposedDpEvent([objective, events.GaussianDpEvent(multiplier)])
+        return accounting.after(prior, events.ComposedDpEvent(
+            [objective, events.GaussianDpEvent(multiplier)]))
     rest = max(epsilon - epsilon1, 1e-3)
     guess = 2.0 * math.sqrt(2.0 * math.log(1.25 / (delta - delta1))) / rest
     return accounting.calibrate_noise_multiplier(make, epsilon, delta, accountant,
@@ -437,7 +441,8 @@ def perturbed_minimizer(aggregator, gradient, smooth: Smoothness, constraint: ge
             raise ValueError("--regularization is below the least the objective perturbation's "
                              "guarantee allows at this epsilon and n (r beta / (eps1 n)); raise "
                              "it or leave it to its default")
-    multiplier2 = output_multiplier(epsilon, delta, epsilon1, delta1, privacy.accountant)
+    multiplier2 = output_multiplier(epsilon, delta, epsilon1, delta1, privacy.accountant,
+                                    accounting.prior_event(ledger))
     start = project_model(constraint, np.zeros(shape), fit_intercept)
     plan = solver_plan(smooth, dim, n, lam, sigma1, multiplier2, accuracy, diameter, width,
                        float(np.linalg.norm(start)), epsilon, delta, rows_per_n)
@@ -552,7 +557,8 @@ OBJECTIVE_PERTURBATION = Algorithm(
     MODELS, ObjectivePerturbationOptions, train, relation=accounting.REPLACE_ONE,
     checkpoints=False,
     why_no_checkpoints="its solver's iterates are not private, so they are never written; a run "
-                       "that stops is rerun from the start", check_privacy=check_privacy)
+                       "that stops is rerun from the start", check_privacy=check_privacy,
+    quality_check=True)
 
 
 # ------------------------------------------------------------------------------ a test design

@@ -157,7 +157,7 @@ def default_model_norm(dim: int, lipschitz: float, k: float, sigma_at) -> float:
 def plan_release(smooth: objective.Smoothness, constraint: geometry.Constraint, dim: int, n: int,
                  epsilon: float, delta: float, sparsity: int, regularization: float | None = None,
                  accountant: str = "pld", rows_per_n: float = 1.0,
-                 model_norm: float | None = None) -> dict:
+                 model_norm: float | None = None, prior: events.DpEvent | None = None) -> dict:
     """The public plan of Algorithm 6 (public constants only, no data): lambda, the certified
     solve's plan (``objective.solver_plan``), tau, the sensitivity unit L / (lambda n) + tau, the
     calibrated multiplier, sigma and the ``GaussianDpEvent``. ``rows_per_n``: a public bound on
@@ -166,9 +166,13 @@ def plan_release(smooth: objective.Smoothness, constraint: geometry.Constraint, 
     if constraint.kind not in LINF_KINDS:
         raise ValueError(f"output perturbation needs X in {', '.join(LINF_KINDS)}")
     # the multiplier is for the unit sensitivity, whatever lambda: calibrated first, as the
-    # default D needs it
+    # default D needs it. ``prior``: the releases already in the run's ledger (the quality
+    # check's, reserved before training); the Gaussian is calibrated so that it composed after
+    # them (dp_accounting's PLD) meets the target, as the add/remove algorithms do. (lambda's
+    # default and the solver's plan still read the whole epsilon: they are utility choices.)
     multiplier = accounting.calibrate_noise_multiplier(
-        lambda m: events.GaussianDpEvent(m), epsilon, delta, accountant, accounting.REPLACE_ONE,
+        lambda m: accounting.after(prior, events.GaussianDpEvent(m)), epsilon, delta, accountant,
+        accounting.REPLACE_ONE,
         guess=2.0 * math.sqrt(2.0 * math.log(1.25 / delta)) / epsilon, slope=-1.0)
     k = noise_constant(smooth.lipschitz, sparsity, dim, n, epsilon, delta)
     shape = (1, dim + 1)
@@ -460,7 +464,7 @@ def train(options: OutputPerturbationOptions, problem: Problem, aggregator, seed
     gradient = InterceptAsCoordinate(glm) if intercept else glm
     plan = plan_release(smooth, constraint, dim, n, privacy.epsilon, privacy.delta,
                         s + int(intercept), options.regularization, privacy.accountant, rows_per_n,
-                        options.model_norm)
+                        options.model_norm, accounting.prior_event(ledger))
     if plan["passes"] > options.max_passes:
         raise ValueError(f"the certified solve needs {plan['passes']} full passes over the data, "
                          f"more than --max-passes {options.max_passes}: raise --regularization "
@@ -506,4 +510,5 @@ OUTPUT_PERTURBATION = Algorithm(
     MODELS, OutputPerturbationOptions, train, relation=accounting.REPLACE_ONE,
     checkpoints=False, sparse_input=True,
     why_no_checkpoints="its solver's iterates are not private, so they are never written; a run "
-                       "that stops is rerun from the start", check_privacy=check_privacy)
+                       "that stops is rerun from the start", check_privacy=check_privacy,
+    quality_check=True)

@@ -216,12 +216,13 @@ class Algorithm:
     # proven only for float noise under replace-one), before any data is read; None: any.
     check_privacy: Callable | None = None
     user_level: bool = False      # supports --privacy-unit-column (add/remove one user)
-    # Calibrates its noise against the releases already in the ledger (add/remove), so the
-    # private quality check (``beam_dp.quality``) can reserve its budget there before training.
-    # Otherwise the check is skipped, with ``why_no_quality_check`` in the report.
+    # Calibrates its noise against the releases already in the ledger (whatever its relation),
+    # so the private quality check (``beam_dp.quality``) can reserve its budget there before
+    # training (every registered one does). Otherwise the check is skipped, with
+    # ``why_no_quality_check`` in the report: a new algorithm opts in once it does.
     quality_check: bool = False
     why_no_quality_check: str = (
-        "its noise is calibrated to the whole budget by itself, under replace-one, not against "
+        "its noise is calibrated to the whole budget by itself, not against "
         "releases already in the ledger: a check there would spend more than the target epsilon")
 
     def check(self, problem: Problem) -> None:
