@@ -90,7 +90,8 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
     The table's schema (``beam_dp.schema``: a JSON file or dict in ``schema``, or these
     keywords, which win over it): ``label_classes`` (text labels, in class-id order; a binary
     model's ``positive_class`` defaults to the second), ``missing`` (column -> "constant:V",
-    "indicator", "indicator:V" or "drop"; the label column only "drop"), ``ignore_columns``
+    "indicator", "indicator:V", "drop", or "median"/"mean", a private fill released by dpgd and
+    dpsgd; the label column only "drop"), ``ignore_columns``
     (left out of the default features), ``bounds`` (column -> (low, high): public ranges; dpgd
     and dpsgd scale those columns, and a regression label, without spending privacy).
 
@@ -250,6 +251,12 @@ def _run(X, y, *, input, algorithm, model, epsilon, delta, noise_multiplier, acc
         files, feature_columns, aggregator, encoding = file_input(
             input, runner or DEFAULT_BEAM_RUNNER, list(pipeline_args), loss, label_column,
             feature_columns, batch_rows, categorical=categorical, bounding=bounding)
+    if encoding is not None and encoding.imputed and chosen.name not in IMPUTING_ALGORITHMS:
+        # The fill is released by dpgd/dpsgd's private ranges stage, the one place that reads
+        # the columns' private statistics before training.
+        aggregator.close()
+        raise ValueError("median/mean imputation (--missing COLUMN=median or mean) needs "
+                         f"--algorithm {' or '.join(IMPUTING_ALGORITHMS)}")
     if max_jobs is not None and hasattr(aggregator, "max_jobs"):
         aggregator.max_jobs = max_jobs
     source = {"files": files, "label_column": label_column, "feature_columns": list(feature_columns)}
@@ -305,6 +312,12 @@ def _run(X, y, *, input, algorithm, model, epsilon, delta, noise_multiplier, acc
             problem, aggregator = instrument(problem, aggregator)
         result = chosen.train(algorithm_options, problem, aggregator, run_seed, ledger,
                               progress or (lambda done, total, eps: None))
+        if encoding is not None and encoding.imputed:
+            # The released fills (public) go into the encoding: model.json's, and so predict's.
+            released = (getattr(result, "preprocessing", None) or {}).get("imputation") or {}
+            encoding = encoding.with_fills({c: v["fill"] for c, v in released.items()})
+            if encoding.pending.any():
+                raise RuntimeError("a median/mean fill was not released (a bug)")
         if quality_options is not None:   # (even with the check off: such a model is no model)
             quality.check_finite(result.theta)
         label_range = (getattr(result, "preprocessing", None) or {}).get("label_range")
@@ -335,6 +348,9 @@ def _run(X, y, *, input, algorithm, model, epsilon, delta, noise_multiplier, acc
         aggregator.close()
     return _Run(result, ledger, chosen, algorithm_options, privacy, loss, list(feature_columns),
                 encoding, checked, auto.report() if auto is not None else None)
+
+
+IMPUTING_ALGORITHMS = ("dpgd", "dpsgd")   # whose private ranges stage releases the fills
 
 
 def _declared_bounds(bounds: dict, dense_names: list, label_column: str, loss,
@@ -426,7 +442,18 @@ def _warnings(privacy_report: dict, dataset_size: dict) -> list[str]:
         found.append(f"the private count's 95% error (+-{error:.0f} {unit}) is large against n ~ {n}: "
                      "steps are normalized by a cautious floor and learn slowly; give "
                      "num_examples (--num-examples) if n is public, or a larger count_epsilon")
+    imputed = (privacy_report.get("preprocessing") or {}).get("imputation") or {}
+    for name, fill in imputed.items():
+        # (public: the mechanism's error bound against the released count)
+        if fill.get("policy") == "median" and fill["rank_error_95"] > IMPUTE_RANK_ERROR * n:
+            found.append(f"the private median filling '{name}' has a 95% rank error of "
+                         f"{fill['rank_error_95']:.0f} rows against n ~ {n}: it may lie anywhere "
+                         f"on its grid ({fill['grid']}); declare the column's range (bounds), "
+                         "give a larger --scale-epsilon, or use indicator")
     return found
+
+
+IMPUTE_RANK_ERROR = 0.25   # as --scale-features auto's rule (noisy_gd.AUTO_SCALE_RANK_ERROR)
 
 
 # Why the budget ledger refuses user-level runs: its Renyi filter composes every run on a

@@ -105,7 +105,11 @@ def hash_text(values: pa.Array, key: np.uint64) -> np.ndarray:
     return h
 
 
-MISSING_POLICIES = ("constant", "indicator", "drop")
+MISSING_POLICIES = ("constant", "indicator", "drop", "median", "mean")
+# Policies whose fill is a DP release from the column's present values (dpgd/dpsgd's private
+# ranges stage, ``noisy_gd._column_scaling``): until it is released the fill is NaN and the
+# column's missing cells stay NaN; the released value is recorded here (model.json) after.
+IMPUTED_POLICIES = ("median", "mean")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,7 +124,9 @@ class Encoding:
     DataError naming the row and column); "constant" fills the declared value; "indicator" fills
     it and sets the column's indicator to 1; "drop" leaves the row out of training (predict gives
     it no prediction). All of it is declared, public, and stored in model.json, so ``predict``
-    applies it again; none of it is learnt from the data.
+    applies it again; none of it is learnt from the data, except the fill of "median" and
+    "mean": a DP release by dpgd/dpsgd (NaN here until released, and the cells NaN meanwhile:
+    ``pending``), then recorded like any other fill (``with_fills``).
 
     ``label_classes``: the label's values as text, in the order of their class ids (softmax), or
     the two classes of a binary model, ``positive_class`` being class 1. ``label_missing`` "drop"
@@ -161,7 +167,8 @@ class Encoding:
             if policy not in MISSING_POLICIES:
                 raise EncodingError(f"column '{column}': the missing-value policy must be one of "
                                     f"{', '.join(MISSING_POLICIES)}")
-            if not (isinstance(fill, (int, float)) and np.isfinite(fill)):
+            unreleased = policy in IMPUTED_POLICIES and isinstance(fill, float) and np.isnan(fill)
+            if not (isinstance(fill, (int, float)) and (np.isfinite(fill) or unreleased)):
                 raise EncodingError(f"column '{column}': the fill value must be a finite number")
         repeated = sorted({c for c, _, _ in self.missing if [m[0] for m in self.missing].count(c) > 1})
         if repeated:
@@ -222,6 +229,26 @@ class Encoding:
     def nonzeros_per_row(self) -> int:
         """At most this many nonzeros in a row (the sparsity s of paper 001)."""
         return self.first_categorical + len(self.categorical)
+
+    @property
+    def imputed(self) -> list[tuple[str, str]]:
+        """(column, "median" or "mean") of the numeric columns whose fill is a private release,
+        in numeric order."""
+        policy = {c: p for c, p, _ in self.missing}
+        return [(c, policy[c]) for c in self.numeric if policy.get(c) in IMPUTED_POLICIES]
+
+    @property
+    def pending(self) -> np.ndarray:
+        """Per dense column: True where the column's fill is still to be released (its missing
+        cells are NaN until then, and only training's transform fills them)."""
+        unreleased = {c for c, p, f in self.missing if p in IMPUTED_POLICIES and np.isnan(f)}
+        return np.array([c in unreleased for c in self.dense_names], dtype=bool)
+
+    def with_fills(self, fills: Mapping[str, float]) -> "Encoding":
+        """This encoding with the released fills of its "median"/"mean" columns."""
+        return dataclasses.replace(self, missing=tuple(
+            (c, p, float(fills[c]) if p in IMPUTED_POLICIES and c in fills else f)
+            for c, p, f in self.missing))
 
     @property
     def drops_rows(self) -> bool:
@@ -315,7 +342,9 @@ class Encoding:
             out.update(vocabulary={c: list(v) for c, v in self.vocabulary},
                        vocabulary_sha256=vocabulary_fingerprint(self.vocabulary))
         if self.missing:
-            out["missing"] = {c: {"policy": p, "fill": float(f)} for c, p, f in self.missing}
+            # (None: a "median"/"mean" fill not released yet; JSON has no NaN)
+            out["missing"] = {c: {"policy": p, "fill": None if np.isnan(f) else float(f)}
+                              for c, p, f in self.missing}
             out["indicator_columns"] = [f"{c}_missing" for c in self.indicators]
         if self.label_classes is not None:
             out["label_classes"] = list(self.label_classes)
@@ -329,7 +358,7 @@ class Encoding:
     def from_spec(cls, spec: dict) -> "Encoding":
         try:
             declared = dict(
-                missing=tuple((c, m["policy"], float(m["fill"]))
+                missing=tuple((c, m["policy"], np.nan if m["fill"] is None else float(m["fill"]))
                               for c, m in spec.get("missing", {}).items()),
                 label_classes=(tuple(spec["label_classes"]) if "label_classes" in spec else None),
                 positive_class=spec.get("positive_class"),
@@ -402,7 +431,8 @@ def make_encoding(numeric: Sequence[str], categorical: Sequence[str], hash_bucke
                   missing: Mapping[str, str] | None = None, label_classes: Sequence[str] | None = None,
                   positive_class: str | None = None) -> Encoding | None:
     """The encoding a run asked for (None: numeric columns as they are, labels as numbers).
-    ``missing``: column -> "constant:V", "indicator" (fill 0), "indicator:V" or "drop"; the label
+    ``missing``: column -> "constant:V", "indicator" (fill 0), "indicator:V", "drop", "median"
+    or "mean" (the last two: a private fill, released by dpgd/dpsgd); the label
     column's own policy ("drop") is under the key ``LABEL_KEY``."""
     repeated = sorted({c for c in categorical if list(categorical).count(c) > 1})
     if repeated:
@@ -431,13 +461,16 @@ LABEL_KEY = "@label"   # ``make_encoding``'s key for the label column's missing 
 
 
 def parse_policy(column: str, text: str) -> tuple:
-    """(column, policy, fill) from "constant:V", "indicator", "indicator:V" or "drop"."""
+    """(column, policy, fill) from "constant:V", "indicator", "indicator:V", "drop", "median" or
+    "mean" (a median/mean fill is NaN until dpgd/dpsgd release it)."""
     kind, _, value = str(text).partition(":")
     if kind not in MISSING_POLICIES:
         raise EncodingError(f"column '{column}': the missing-value policy must be constant:VALUE, "
-                            "indicator, indicator:VALUE or drop")
-    if kind == "drop" and value:
-        raise EncodingError(f"column '{column}': 'drop' takes no value")
+                            "indicator, indicator:VALUE, drop, median or mean")
+    if kind in ("drop",) + IMPUTED_POLICIES and value:
+        raise EncodingError(f"column '{column}': '{kind}' takes no value")
+    if kind in IMPUTED_POLICIES:
+        return (column, kind, float("nan"))
     if kind == "constant" and not value:
         raise EncodingError(f"column '{column}': 'constant' needs a value (constant:0)")
     try:

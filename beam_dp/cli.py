@@ -138,8 +138,10 @@ def _add_run_arguments(parser, audit: bool) -> None:
                         help="the label value that is class 1 of a binary model")
         io.add_argument("--missing", action="append", default=None, metavar="COLUMN=POLICY",
                         help="a numeric column's missing cells: constant:V, indicator (fill 0 and "
-                             "add COLUMN_missing), indicator:V, or drop (the row; the label "
-                             "column takes only drop); repeat for each column")
+                             "add COLUMN_missing), indicator:V, drop (the row; the label "
+                             "column takes only drop), or median or mean (a private fill "
+                             "released by dpgd/dpsgd; mean needs the column's declared bounds); "
+                             "repeat for each column")
         io.add_argument("--ignore-columns", type=_columns, default=None,
                         help="comma-separated columns left out of the default features")
         io.add_argument("--validation", default=None,

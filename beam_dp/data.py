@@ -562,9 +562,13 @@ def blocks_from_shard(shard: Shard, label_column: str | None, feature_columns: S
                 for j, name in enumerate(numeric):
                     features[:, j] = _column_as_float(path, batch, name)
                 keep = None
+                pending = None
                 if encoding is not None:
                     features, keep = encoding.fill(features)
-                    check_finite(features, path, row_start, encoding.dense_names)
+                    # A "median"/"mean" column's missing cells stay NaN until its fill is
+                    # released (training's transform fills them); an infinity is still an error.
+                    pending = encoding.pending if encoding.imputed else None
+                    check_finite(features, path, row_start, encoding.dense_names, pending)
                     features = _encoded(encoding, features, batch, path)
                 labels = None
                 if class_labels:
@@ -581,7 +585,7 @@ def blocks_from_shard(shard: Shard, label_column: str | None, feature_columns: S
                     # (a new array: Arrow's may be read-only) the dropped rows' labels, left out below
                     labels = np.where(absent, 0.0, labels)
                 block = validated_block(features, labels, loss, path, row_start, feature_columns,
-                                        label_column)
+                                        label_column, pending)
                 if user_column is not None:
                     block.users = _user_keys(batch, user_column, path, row_start)
                 if keep is not None and not keep.all():
@@ -672,12 +676,12 @@ def as_feature_matrix(X) -> np.ndarray:
 
 def validated_block(features: np.ndarray, raw_labels: np.ndarray | None, loss: losses_mod.GlmLoss,
                     source: str, row_start: int, feature_names: Sequence[str] | None = None,
-                    label_column: str | None = "label") -> Block:
+                    label_column: str | None = "label", pending: np.ndarray | None = None) -> Block:
     """A Block after the checks every input gets, from files or arrays alike: finite features
     and labels the model can use (None: features only, labels zero, for prediction). Errors
     name the source, the 1-based row and the column, never the value."""
     if not sp.issparse(features):   # (encoded rows: their numeric columns were checked)
-        check_finite(features, source, row_start, feature_names)
+        check_finite(features, source, row_start, feature_names, pending)
     if raw_labels is None:
         return Block(features, np.zeros(features.shape[0]), source, row_start)
     try:
@@ -687,11 +691,17 @@ def validated_block(features: np.ndarray, raw_labels: np.ndarray | None, loss: l
     return Block(features, labels, source, row_start)
 
 
-def check_finite(x: np.ndarray, source: str, row_start: int = 0, names: Sequence[str] | None = None) -> None:
-    """DataError naming the first row (1-based) and column holding a NaN or an infinity."""
-    bad = np.flatnonzero(~np.isfinite(x).all(axis=1))
+def check_finite(x: np.ndarray, source: str, row_start: int = 0, names: Sequence[str] | None = None,
+                 pending: np.ndarray | None = None) -> None:
+    """DataError naming the first row (1-based) and column holding a NaN or an infinity.
+    ``pending`` (per column): a NaN is allowed there (a missing cell whose private fill is not
+    released yet, ``Encoding.pending``), an infinity is not."""
+    fine = np.isfinite(x)
+    if pending is not None and pending.any():
+        fine |= np.isnan(x) & pending[None, :]
+    bad = np.flatnonzero(~fine.all(axis=1))
     if bad.size:
-        j = int(np.flatnonzero(~np.isfinite(x[bad[0]]))[0])
+        j = int(np.flatnonzero(~fine[bad[0]])[0])
         column = names[j] if names is not None else f"x{j}"
         raise DataError(f"{source}, row {row_start + int(bad[0]) + 1}: feature '{column}' is "
                         "missing or not finite")

@@ -80,7 +80,12 @@ class ScaleColumns:
 
     ``label_low``/``label_high`` (a regression label's range) map the label the same way during
     training only: the trained coefficients are mapped back to the label's units
-    (``unscale_label``), so the recorded transform (``spec``) and predict leave labels alone."""
+    (``unscale_label``), so the recorded transform (``spec``) and predict leave labels alone.
+
+    ``fill`` (per column, NaN for none): a column's privately released median/mean imputation
+    value, put in its missing (NaN) cells before anything else, so that training, the quality
+    check and predict scale the same filled value. (predict's encoding has filled them already:
+    the fill is recorded there too.)"""
 
     low: tuple
     high: tuple
@@ -88,8 +93,13 @@ class ScaleColumns:
     label_high: float | None = None
     reach: tuple | None = None
     label_reach: float = 1.0   # the label's reach (1: a declared range is its domain)
+    fill: tuple | None = None
 
     def __call__(self, block: Block) -> Block:
+        x = block.features
+        if self.fill is not None:
+            fill = np.asarray(self.fill, dtype=np.float64)
+            x = np.where(np.isnan(x) & ~np.isnan(fill), fill, x)
         low, high = np.asarray(self.low, dtype=np.float64), np.asarray(self.high, dtype=np.float64)
         keep = np.isnan(low) | np.isnan(high)
         low, high = np.where(keep, -1.0, low), np.where(keep, 1.0, high)
@@ -97,12 +107,12 @@ class ScaleColumns:
         mid = low + half
         reach = np.ones_like(low) if self.reach is None else np.asarray(self.reach, dtype=np.float64)
         # Clipped to the reach in the raw units first, so no difference overflows; NaN never
-        # reaches here (checked at input).
-        clipped = np.clip(block.features, mid - reach * half, mid + reach * half)
+        # reaches here (checked at input, or filled above).
+        clipped = np.clip(x, mid - reach * half, mid + reach * half)
         scaled = np.divide(clipped - mid, half, out=np.zeros_like(clipped), where=half > 0)
         scaled = np.clip(scaled, -reach, reach)   # (rounding)
         if keep.any():
-            scaled = np.where(keep, block.features, scaled)
+            scaled = np.where(keep, x, scaled)
         labels = block.labels
         if self.label_low is not None:
             label_half = (self.label_high - self.label_low) / 2.0
@@ -167,6 +177,8 @@ def spec(transform) -> dict | None:
         recorded = {"low": listed(transform.low), "high": listed(transform.high)}
         if transform.reach is not None:
             recorded["reach"] = [float(v) for v in transform.reach]
+        if transform.fill is not None:
+            recorded["fill"] = listed(transform.fill)
         if transform.label_low is not None:
             # Not applied by predict (the coefficients are in the label's units): kept so a
             # warm start can continue on the same scale.
@@ -199,7 +211,9 @@ def from_spec(recorded: dict | None):
         return ScaleColumns(tuple(np.nan if v is None else float(v) for v in norm["low"]),
                             tuple(np.nan if v is None else float(v) for v in norm["high"]),
                             reach=tuple(float(v) for v in norm["reach"]) if "reach" in norm
-                            else None)
+                            else None,
+                            fill=tuple(np.nan if v is None else float(v) for v in norm["fill"])
+                            if "fill" in norm else None)
     if name not in _RECORDABLE:
         raise ValueError(f"unknown feature_transform {name!r} in the model")
     return _RECORDABLE[name](float(norm))

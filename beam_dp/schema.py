@@ -21,7 +21,9 @@ over the file. The file:
 
 ``missing`` gives each numeric column's policy for a missing cell (null, empty, NaN):
 "constant:V" fills V; "indicator" (or "indicator:V") fills 0 (or V) and adds a 0/1 column
-"<column>_missing"; "drop" leaves the row out of training. The label column takes only "drop".
+"<column>_missing"; "drop" leaves the row out of training; "median" and "mean" fill a private
+release from the column's present values (dpgd and dpsgd; "mean" within the column's declared
+``bounds``). The label column takes only "drop".
 Without a policy a missing cell is an error naming its row and column, as before.
 
 ``bounds`` declares a numeric column's public range [low, high] (what the column can hold, known
@@ -89,7 +91,7 @@ def from_dict(raw, source: str = "schema") -> dict:
         elif key == "missing":
             if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
                 raise SchemaError(f"{source}: 'missing' must map columns to policies "
-                                  "(constant:V, indicator, indicator:V, drop)")
+                                  "(constant:V, indicator, indicator:V, drop, median, mean)")
         elif key in ("label", "positive_class", "vocabulary", "privacy_unit"):
             if not isinstance(value, str):
                 raise SchemaError(f"{source}: '{key}' must be a string")

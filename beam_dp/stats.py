@@ -53,12 +53,16 @@ def histogram(values: np.ndarray, grid: np.ndarray) -> np.ndarray:
     """Counts per column of ``values`` (m, j) in the cells of per-column grids (j, G):
     cell 0 holds values <= grid[0], cell i values in (grid[i-1], grid[i]], cell G values above
     grid[-1]. The cumulative count up to cell i is #{v <= grid[i]}. Every value lands in exactly
-    one cell whatever it is (+-inf in the end cells, a NaN, never from validated input, in the top
-    one), so one example moves one count per column by 1, and nothing here can overflow."""
+    one cell whatever it is (+-inf in the end cells), except a NaN, which is in none: a missing
+    cell of a column imputed privately (``categorical.IMPUTED_POLICIES``), NaN until its fill is
+    released, so that the column's quantiles are those of its present values. One example moves
+    at most one count per column by 1 either way, and nothing here can overflow."""
     j, size = grid.shape
     out = np.zeros((j, size + 1))
     for c in range(j):  # one vectorized search per column, not per example
-        out[c] = np.bincount(np.searchsorted(grid[c], values[:, c], side="left"), minlength=size + 1)
+        column = values[:, c]
+        present = column[~np.isnan(column)]
+        out[c] = np.bincount(np.searchsorted(grid[c], present, side="left"), minlength=size + 1)
     return out
 
 
@@ -684,6 +688,60 @@ class BoxMeanStage:
         return [("gaussian_bounded_mean", events.GaussianDpEvent(self.noise_multiplier), 1,
                  {"noise_multiplier": self.noise_multiplier,
                   "sensitivity": "L2 norm of half the per-column ranges"})]
+
+
+@dataclasses.dataclass(frozen=True)
+class ImputeMeanStage:
+    """Per-column means of the *present* values (a NaN is a missing cell) of ``columns``, each
+    clipped to its public range [low_j, high_j] (declared, known before the data is read), for
+    mean imputation. Each column's value u = (clip(x) - mid_j) / half_j lies in [-1, 1]; the
+    stage sums u and counts the present cells per column, and adds Laplace noise of scale
+    2k / epsilon to each of the 2k totals: under add/remove of one row the k pairs (sum, count)
+    move by at most 1 + 1 each, an L1 sensitivity of 2k, so the release is epsilon-DP. The mean
+    is mid_j + half_j * clip(sum / count, -1, 1): its noise, in the column's units, is
+    proportional to the column's own half-range. Neither noisy total is reported (only the
+    mean); the exact count of missing cells never leaves the stage. Writes ``state[key]`` (k,).
+    """
+
+    key: str
+    columns: tuple
+    low: tuple
+    high: tuple
+    epsilon: float
+    seed: int
+    stream: tuple = (0,)
+
+    @property
+    def shape(self):
+        return (2, len(self.columns))
+
+    @property
+    def laplace_scale(self) -> float:
+        return 2.0 * len(self.columns) / self.epsilon
+
+    def partial_sum(self, block, state):
+        lo, hi = np.asarray(self.low), np.asarray(self.high)
+        x = block.features[:, list(self.columns)]
+        present = ~np.isnan(x)
+        half = (hi - lo) / 2.0
+        u = (np.clip(np.where(present, x, lo), lo, hi) - (lo + half)) / half
+        return np.stack([np.where(present, u, 0.0).sum(axis=0), present.sum(axis=0)])
+
+    def apply(self, state, total):
+        rng = _rng(self)
+        noisy = total + np.array([[mechanisms.laplace_noise(rng, self.laplace_scale)
+                                   for _ in range(total.shape[1])] for _ in range(2)])
+        lo, hi = np.asarray(self.low), np.asarray(self.high)
+        half = (hi - lo) / 2.0
+        # A noisy count below 1 (few present cells): the ratio is clipped to the range anyway.
+        ratio = np.clip(noisy[0] / np.maximum(noisy[1], 1.0), -1.0, 1.0)
+        return {**state, self.key: lo + half + half * ratio}
+
+    def releases(self):
+        return [("laplace_imputation_mean", events.LaplaceDpEvent(1.0 / self.epsilon), 1,
+                 {"epsilon": self.epsilon, "columns": len(self.columns),
+                  "sensitivity": "L1 2 per column (a sum of values scaled to [-1, 1], a count)",
+                  "laplace_scale": self.laplace_scale})]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -441,7 +441,13 @@ class _Splitter:
         self.scale_features = scale_features
 
     def __call__(self, problem, aggregator):
+        from beam_dp.algorithms import noisy_gd
         from beam_dp.local import LocalAggregator
+        if noisy_gd._imputed(problem):
+            # Each candidate would release its own fills: they are not shared across the
+            # candidates (as the ranges are) yet.
+            raise ValueError("beam-dp tune does not take median/mean imputation yet; use "
+                             "beam-dp train, or constant:V or indicator")
         blocks = list(aggregator.blocks)
         if self.validation is not None or self.fraction == 0:
             train, held = blocks, None

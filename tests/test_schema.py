@@ -101,7 +101,7 @@ def test_label_classes_map_text_to_ids_with_the_positive_class():
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(missing={"x": "median"}), "policy must be"),
+    (dict(missing={"x": "mode"}), "policy must be"),   # (median and mean are policies now)
     (dict(missing={"x": "constant"}), "needs a value"),
     (dict(missing={"x": "constant:abc"}), "must be a number"),
     (dict(missing={"x": "constant:inf"}), "finite"),

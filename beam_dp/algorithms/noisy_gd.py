@@ -1030,7 +1030,8 @@ def _train_noisy(name: str, options, problem: Problem, aggregator, seed: int, le
     normalize = features.NormalizeRows(options.feature_norm) if options.feature_norm else None
     preprocess = make_step_scale = None
     make_transform = (lambda pre: normalize) if normalize else None
-    if getattr(options, "scale_features", "none") != "none" or problem.source.get("bounds"):
+    if (getattr(options, "scale_features", "none") != "none" or problem.source.get("bounds")
+            or _imputed(problem)):
         scaling = _column_scaling(options, problem, aggregator, seed, ledger)
         if scaling[0] is not None:
             preprocess, make_transform = scaling
@@ -1121,8 +1122,28 @@ def _column_scaling(options, problem: Problem, aggregator, seed: int, ledger):
     1e-3 to 1e9 in 10% steps covers incomes and 0/1 columns alike, and a value outside it is
     only clipped.
 
+    Median/mean imputation (the schema's ``missing`` "median"/"mean") is released here too, in
+    the same job (one read of the data), and filled before scaling (``ScaleColumns.fill``):
+    * "median": the column's 50th percentile of its present values, on the same grid by the
+      same exponential mechanism (``stats.histogram`` leaves a missing cell out);
+    * "mean": the mean of its present values clipped to the column's *declared* range
+      (``stats.ImputeMeanStage``, Laplace). Declared rather than the private 2nd-98th range:
+      that range is released in this very job, so a mean within it would need a second read
+      of the data (and a second job); a column without a declared range takes "median".
+    Each imputed column gets the epsilon of one quantile (the share is split over the scaling's
+    quantiles and the imputed columns), in the ledger before the step noise is calibrated.
+
     Returns (preprocess, make_transform), or (None, None) when nothing is scaled."""
     choice = options.scale_features
+    imputed = _imputed(problem)
+    if imputed:
+        why = ("categorical columns (sparse features)" if problem.sparse else
+               "--feature-norm" if options.feature_norm else
+               "--privacy-unit-column (the release bounds one row, not one user)"
+               if problem.privacy_unit is not None else None)
+        if why:
+            raise ValueError(f"median/mean imputation is not available with {why}: use "
+                             "constant:V or indicator for those columns")
     if problem.privacy_unit is not None and choice == "auto":
         choice = "none"   # the quantiles bound one row's influence, not one user's: declared only
     declared = problem.source.get("bounds") or {"columns": [], "label": None}
@@ -1142,11 +1163,18 @@ def _column_scaling(options, problem: Problem, aggregator, seed: int, ledger):
     # [index, low, high] (declared), or [index, low, high, reach] (ranges released earlier, e.g.
     # once for all of beam-dp tune's candidates)
     fixed = {int(c[0]): (c[1], c[2], c[3] if len(c) > 3 else 1.0) for c in declared["columns"]}
+    for j, policy, name in imputed:
+        if policy == "mean" and j not in fixed:
+            raise ValueError(f"mean imputation of '{name}' needs its declared range (the schema's "
+                             "bounds): the mean of values clipped to it. Without one use median")
     label_scaled = problem.loss.name == "linear"
     private_columns = tuple(j for j in range(d) if j not in fixed) if choice != "none" else ()
     private_label = label_scaled and declared["label"] is None and choice != "none"
     epsilon = problem.privacy.epsilon
     share = options.scale_epsilon or (0.1 * epsilon if epsilon is not None else None)
+    if imputed and share is None:
+        raise ValueError("median/mean imputation with --noise-multiplier needs --scale-epsilon "
+                         "(the fills' budget)")
     if (private_columns or private_label) and share is None:
         if choice == "private":
             raise ValueError("--scale-features private with --noise-multiplier needs "
@@ -1154,12 +1182,14 @@ def _column_scaling(options, problem: Problem, aggregator, seed: int, ledger):
         private_columns, private_label = (), False   # auto: only what is declared
     if epsilon is not None and share is not None and share >= epsilon:
         raise ValueError("--scale-epsilon is a share of --epsilon: it must be smaller")
-    if not (fixed or declared["label"] is not None or private_columns or private_label):
+    if not (fixed or declared["label"] is not None or private_columns or private_label or imputed):
         return None, None
     stage = per_release = None
     released = len(private_columns) + int(private_label)
+    if released or imputed:
+        # one quantile's epsilon per scaling quantile and per imputed column
+        per_release = share / (released * len(SCALE_QUANTILES) + len(imputed))
     if released:
-        per_release = share / (released * len(SCALE_QUANTILES))
         grid = np.repeat(stats.symmetric_log_grid(SCALE_GRID_BOUND, SCALE_GRID_SIZE, 1e12),
                          released, axis=0)
         stage = stats.QuantileStage(
@@ -1170,18 +1200,36 @@ def _column_scaling(options, problem: Problem, aggregator, seed: int, ledger):
 
     def preprocess(n: int) -> dict:
         out = {"declared_bounds": declared} if fixed or declared["label"] is not None else {}
-        if stage is None:
+        scale = stage
+        if stage is not None:
+            error = stage.rank_error_bound(0.05)
+            if choice == "auto" and error > AUTO_SCALE_RANK_ERROR * n:
+                # Decided from the released count and public constants: nothing is spent.
+                out = {**out, "column_bounds": None, "scaling_skipped": (
+                    f"--scale-features auto: the quantiles' 95% rank error ({error:.0f} rows at "
+                    f"{per_release:.3g} epsilon each) is above {AUTO_SCALE_RANK_ERROR:.0%} of n; "
+                    "columns without declared bounds used as given"
+                    + ("" if not private_label else ", and the label too"))}
+                scale = None
+        # The fills' epsilon: one quantile's each, or the whole share when no range is released
+        # (decided from public values: the released n and constants).
+        fill_stages = _imputation_stages(
+            imputed, fixed, per_release if scale is not None else share / len(imputed),
+            seed) if imputed else []
+        if fill_stages:
+            # The fills with the ranges (if any) in one pass over the data: one job.
+            stages = ([scale] if scale is not None else []) + fill_stages
+            stats.record_releases(stages, ledger)
+            state = aggregator.run_stages([stats.PackedStages(tuple(stages))], {"n": n})
+            out = {**out, "imputation": _released_fills(imputed, fill_stages, state, fixed)}
+            if scale is None:
+                return out
+            bounds = state["column_bounds"]
+        elif scale is None:
             return out
-        error = stage.rank_error_bound(0.05)
-        if choice == "auto" and error > AUTO_SCALE_RANK_ERROR * n:
-            # Decided from the released count and public constants: nothing is spent.
-            return {**out, "column_bounds": None, "scaling_skipped": (
-                f"--scale-features auto: the quantiles' 95% rank error ({error:.0f} rows at "
-                f"{per_release:.3g} epsilon each) is above {AUTO_SCALE_RANK_ERROR:.0%} of n; "
-                "columns without declared bounds used as given"
-                + ("" if not private_label else ", and the label too"))}
-        stats.record_releases([stage], ledger)
-        bounds = aggregator.run_stages([stage], {"n": n})["column_bounds"]
+        else:
+            stats.record_releases([stage], ledger)
+            bounds = aggregator.run_stages([stage], {"n": n})["column_bounds"]
         # Quantiles released independently may cross (both inside one grid cell, or a column
         # with almost all rows equal): the range is then their span.
         low, high = np.minimum(bounds[:, 0], bounds[:, 1]), np.maximum(bounds[:, 0], bounds[:, 1])
@@ -1229,14 +1277,88 @@ def _column_scaling(options, problem: Problem, aggregator, seed: int, ledger):
             if label is not None:
                 label_top = max(abs(label[0]), abs(label[1]))
                 label = (-label_top, label_top)
-        if np.isnan(low).all() and label is None:
+        fill = None
+        if pre.get("imputation"):
+            fill = np.full(d, np.nan)
+            for column in pre["imputation"].values():
+                fill[column["index"]] = column["fill"]
+        if np.isnan(low).all() and label is None and fill is None:
             return None
         return features.ScaleColumns(tuple(low.tolist()), tuple(high.tolist()),
                                      *((float(label[0]), float(label[1])) if label else (None, None)),
                                      reach=tuple(reach.tolist()) if (reach != 1).any() else None,
-                                     label_reach=label_reach)
+                                     label_reach=label_reach,
+                                     fill=None if fill is None else tuple(fill.tolist()))
 
     return preprocess, make_transform
+
+
+_IMPUTE_STREAM = 13
+
+
+def _imputed(problem: Problem) -> list:
+    """(model column, "median"/"mean", name) of the columns whose fill is still to be released."""
+    spec = problem.source.get("encoding")
+    if not spec:
+        return []
+    encoding = Encoding.from_spec(spec)
+    pending = encoding.pending
+    index = {name: j for j, name in enumerate(encoding.dense_names)}
+    return [(index[c], p, c) for c, p in encoding.imputed if pending[index[c]]]
+
+
+def _imputation_stages(imputed: list, fixed: dict, epsilon: float | None, seed: int) -> list:
+    """The releases of the fills (``epsilon`` each column): one exponential-mechanism median per
+    "median" column, one Laplace stage for all "mean" columns (each within its declared range).
+    A median's grid is the scaling's public log grid, or, for a column with a declared range,
+    as many points spread evenly over that range: the fill then stays in the column's domain,
+    and at small n (where the mechanism is nearly uniform over the grid) it does not land
+    orders of magnitude away from the data."""
+    medians = tuple(j for j, p, _ in imputed if p == "median")
+    means = tuple(j for j, p, _ in imputed if p == "mean")
+    out = []
+    if medians:
+        log_grid = stats.symmetric_log_grid(SCALE_GRID_BOUND, SCALE_GRID_SIZE, 1e12)[0]
+        size = log_grid.size
+        grid = np.stack([np.linspace(fixed[j][0], fixed[j][1], size) if j in fixed else log_grid
+                         for j in medians])
+        out.append(stats.QuantileStage("impute_median", stats.Selected(medians),
+                                       stats.FixedGrid(grid), len(medians), size, (0.5,),
+                                       epsilon, stats.stages_seed(seed), (_IMPUTE_STREAM,)))
+    if means:
+        out.append(stats.ImputeMeanStage("impute_mean", means,
+                                         tuple(float(fixed[j][0]) for j in means),
+                                         tuple(float(fixed[j][1]) for j in means),
+                                         epsilon * len(means), stats.stages_seed(seed),
+                                         (_IMPUTE_STREAM, 1)))
+    return out
+
+
+def _released_fills(imputed: list, stages: list, state: dict, fixed: dict) -> dict:
+    """{column: its policy, released fill, model column and the release's noise} (public)."""
+    out = {}
+    medians = iter(state["impute_median"][:, 0]) if "impute_median" in state else iter(())
+    means = iter(state["impute_mean"]) if "impute_mean" in state else iter(())
+    by_key = {s.key: s for s in stages}
+    for j, policy, name in imputed:
+        if policy == "median":
+            q = by_key["impute_median"]
+            out[name] = {"policy": "median", "index": j, "fill": float(next(medians)),
+                         "epsilon": q.epsilon, "mechanism": "exponential mechanism quantile",
+                         "grid": ("uniform over the declared range" if j in fixed
+                                  else "symmetric log grid, 10% steps"),
+                         "rank_error_95": q.rank_error_bound(0.05)}
+        else:
+            m = by_key["impute_mean"]
+            half = (fixed[j][1] - fixed[j][0]) / 2.0
+            out[name] = {"policy": "mean", "index": j, "fill": float(next(means)),
+                         "epsilon": m.epsilon / len(m.columns), "mechanism": "Laplace",
+                         "range": [fixed[j][0], fixed[j][1]],
+                         # the Laplace scale of the noisy sum, in the column's units, and of
+                         # the noisy count of present cells (neither total is reported)
+                         "noise_scale_sum": half * m.laplace_scale,
+                         "noise_scale_count": m.laplace_scale}
+    return out
 
 
 def gradient_sparsity(problem: Problem) -> int:
