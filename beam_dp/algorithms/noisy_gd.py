@@ -1216,6 +1216,20 @@ def _column_scaling(options, problem: Problem, aggregator, seed: int, ledger):
         fill_stages = _imputation_stages(
             imputed, fixed, per_release if scale is not None else share / len(imputed),
             seed) if imputed else []
+        for q in fill_stages:
+            unranged = [name for j, p, name in imputed if p == "median" and j not in fixed]
+            if q.key == "impute_median" and unranged and (
+                    q.rank_error_bound(0.05) > AUTO_SCALE_RANK_ERROR * n):
+                # On the wide log grid a median this uncertain can land orders of magnitude away
+                # from the data (airquality, 153 rows: RMSE 2.9e6). Refused before it is spent,
+                # from public values (the released n and constants).
+                raise ValueError(
+                    f"median imputation of {', '.join(repr(c) for c in unranged)}: at this n the "
+                    f"private median's 95% rank error ({q.rank_error_bound(0.05):.0f} rows at "
+                    f"{q.epsilon:.3g} epsilon) is above {AUTO_SCALE_RANK_ERROR:.0%} of the rows, "
+                    "so without a declared range it may land anywhere from 1e-3 to 1e9: declare "
+                    "the column's range (the schema's bounds), give a larger --scale-epsilon, or "
+                    "use the indicator policy")
         if fill_stages:
             # The fills with the ranges (if any) in one pass over the data: one job.
             stages = ([scale] if scale is not None else []) + fill_stages
