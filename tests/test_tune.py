@@ -111,12 +111,9 @@ def test_selection_picks_the_good_setting(monkeypatch):
     assert model.tuning["chosen"] == {"clip_norm": 1.0}
 
 
-def test_held_out_rows_never_train(monkeypatch):
-    """The rows each candidate trains on and the held-out rows the scores read are disjoint
-    and together the input (the first feature is made a row id)."""
-    X, y = _data(n=2000)
-    X = X.copy()
-    X[:, 0] = np.arange(len(X)) / len(X)
+def _spy_on_the_split(monkeypatch) -> list:
+    """Each candidate's (training rows, scored rows) by their first feature, as the split made
+    them."""
     seen = []
     original = tuning._Splitter.__call__
 
@@ -127,6 +124,16 @@ def test_held_out_rows_never_train(monkeypatch):
         return problem, trained
 
     monkeypatch.setattr(tuning._Splitter, "__call__", spy)
+    return seen
+
+
+def test_held_out_rows_never_train(monkeypatch):
+    """The rows each candidate trains on and the held-out rows the scores read are disjoint
+    and together the input (the first feature is made a row id)."""
+    X, y = _data(n=2000)
+    X = X.copy()
+    X[:, 0] = np.arange(len(X)) / len(X)
+    seen = _spy_on_the_split(monkeypatch)
     beam_dp.tune(X, y, epsilon=EPSILON, seed=3, grid={"steps": (5, 10)}, batch_rows=300,
                  holdout=0.2)
     assert seen
@@ -143,16 +150,7 @@ def test_holdout_zero_scores_on_the_training_rows(monkeypatch):
     X, y = _data(n=1500)
     X = X.copy()
     X[:, 0] = np.arange(len(X)) / len(X)
-    seen = []
-    original = tuning._Splitter.__call__
-
-    def spy(self, problem, aggregator):
-        problem, trained = original(self, problem, aggregator)
-        seen.append((np.concatenate([b.features[:, 0] for b in trained.blocks]),
-                     np.concatenate([b.features[:, 0] for b in self.state.held])))
-        return problem, trained
-
-    monkeypatch.setattr(tuning._Splitter, "__call__", spy)
+    seen = _spy_on_the_split(monkeypatch)
     model = beam_dp.tune(X, y, epsilon=EPSILON, seed=3, grid={"steps": (5, 10)}, batch_rows=300)
     assert tuning.DEFAULT_HOLDOUT == 0
     assert seen
