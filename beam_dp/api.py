@@ -95,11 +95,11 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
     (left out of the default features), ``bounds`` (column -> (low, high): public ranges; dpgd
     and dpsgd scale those columns, and a regression label, without spending privacy).
 
-    ``privacy_unit_column`` (file input; dpgd): user-level privacy, the guarantee for adding or
+    ``privacy_unit_column`` (file input; dpgd, dpsgd): user-level privacy, the guarantee for adding or
     removing one user with all their rows (``beam_dp.user_level``): the column is each row's
     user key (never a feature, never printed); a user keeps at most ``max_rows_per_user`` rows
     (default ``user_level.DEFAULT_MAX_ROWS_PER_USER``) and each step clips the user's summed
-    gradient to the clip norm.
+    gradient to the clip norm; dpsgd's steps sample users (``batch_size`` users expected).
 
     ``algorithm="auto"`` (``beam_dp.algorithms.choice``): the algorithm the measurements favour
     for the model, the options given and a declared size (``num_examples``, or ``rows_hint``: a

@@ -188,7 +188,7 @@ def _add_run_arguments(parser, audit: bool) -> None:
     if not audit:
         privacy.add_argument(
             "--privacy-unit-column", default=None, metavar="COLUMN",
-            help="user-level privacy (dpgd): the guarantee is for adding or removing one user "
+            help="user-level privacy (dpgd, dpsgd: which samples users): the guarantee is for adding or removing one user "
                  "with all their rows, COLUMN holding each row's user (a key, never a feature "
                  "or printed; the schema's privacy_unit)")
         privacy.add_argument(

@@ -81,14 +81,15 @@ import tempfile
 import numpy as np
 from dp_accounting import dp_event as events
 
-from beam_dp import accounting, clipping, features, losses, mechanisms, stats
+from beam_dp import accounting, clipping, features, losses, mechanisms, stats, user_level
 from beam_dp.algorithms import registry
 
 
 def sensitivity(loss: losses.GlmLoss, relation: str = accounting.ADD_REMOVE) -> float:
     """The L2 sensitivity of one row's vector in the units its ``GaussianDpEvent`` is read in
-    under ``relation`` (module docstring): add/remove (and one user, whose rows' bounding makes
-    it a row's) the bound on ||v||; replace-one half the bound on ||v' - v||."""
+    under ``relation`` (module docstring): add/remove the bound on ||v||, and the same for one
+    user, whose rows' vectors are averaged into one (``QualityStage.partial_sum``); replace-one
+    half the bound on ||v' - v||."""
     if relation == accounting.REPLACE_ONE:
         return math.sqrt(3.0) / 2.0 if loss.is_classifier else math.sqrt(13.0) / 3.0
     return math.sqrt(2.0) if loss.is_classifier else math.sqrt(3.0)
@@ -202,6 +203,12 @@ class QualityStage:
 
     def partial_sum(self, block, state):
         rows = self.rows(block)
+        if self.relation == accounting.USER_ADD_REMOVE:
+            # One user holds up to K rows (user_level.bound_rows): summed per row, a user would
+            # move the sums by K times one row's bound. Each user's rows' vectors are averaged
+            # instead (the blocks are grouped by user, no user spans two), one vector of at most
+            # a row's norm per user, and the verdict's n is the (noisy) number of users.
+            rows = user_level.per_user_means(rows, block.users)
         if self.noise == "secure":
             return stats._secure_row_sum(rows, self.sensitivity, self.noise_multiplier)
         return rows.sum(axis=0)

@@ -23,6 +23,12 @@ block's per-user sums are then the users' whole sums, and the blocks' clipped su
 In-process the grouping is one sort; on Beam a GroupByKey on a hash bucket of the user key
 (``beam_dp.beam.aggregator``), once per job.
 
+**Sampling users** (dpsgd, ``in_step_batch``): step t's batch is a Poisson sample of USERS at
+rate q: a user is in it iff a keyed hash of (user key, t) is below q, under keys drawn for step t
+from the run's sampling seed. The rule reads the user's key only, so all of a user's (bounded)
+rows are in or out together, each user independently of every other user and of the data: the
+PoissonSampledDpEvent(q, Gaussian) of a row-level step, with a user as the unit.
+
 User keys are 64-bit keyed hashes of the column's values as text (``user_keys``), so that a
 Parquet integer 7 and a CSV "7" are the same user. Two users whose keys collide are bounded
 together (their joint sum clipped to C): for U users that happens with probability below
@@ -176,6 +182,32 @@ def distinct_users(block) -> int:
     return int(len(user_starts(block.users)))
 
 
+# ------------------------------------------------------------------------------ sampling users
+
+# The last spawn-key element of the per-step user-sampling keys: 2^63, which no block key (a
+# 63-bit ``Block.key``, the row-level sampler's) reaches, so the two samplers' streams differ.
+_USER_SAMPLING_STREAM = 1 << 63
+
+
+def in_step_batch(users: np.ndarray, step: int, sampling_seed: int, rate: float) -> np.ndarray:
+    """Which rows are in step ``step``'s Poisson sample of users at ``rate`` (a bool per row):
+    the user's uniform u = (a keyed hash of (user key, step)) / 2^64 is below ``rate``. The two
+    64-bit keys of the step are drawn from (``sampling_seed``, step), so each step's sample is
+    independent of the others' (up to the hash's statistical quality: that of the row-level
+    sampler's PCG64, not a cryptographic PRF). A function of the user's key only: a user's rows
+    are all in or all out, wherever they are. Vectorized over the rows, no loop."""
+    users = np.asarray(users, dtype=np.uint64)
+    if rate >= 1.0:
+        return np.ones(len(users), dtype=bool)
+    from beam_dp import mechanisms
+    a, b = mechanisms.rng(sampling_seed, mechanisms.STREAM_SAMPLING, int(step),
+                          _USER_SAMPLING_STREAM).integers(0, 1 << 64, size=2, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        h = _mix(_mix(users ^ a) ^ b)
+    # The top 53 bits as a double in [0, 1): exact, so P(u < q) is q to within 2^-53.
+    return (h >> np.uint64(11)).astype(np.float64) * (2.0 ** -53) < rate
+
+
 # ------------------------------------------------------------------------------ the gradient
 
 
@@ -185,6 +217,16 @@ def per_user_sums(per_row: np.ndarray, users: np.ndarray) -> np.ndarray:
     if starts.size == 0:
         return np.zeros((0, per_row.shape[1]))
     return np.add.reduceat(per_row, starts, axis=0)
+
+
+def per_user_means(per_row: np.ndarray, users: np.ndarray) -> np.ndarray:
+    """Row vectors (m, p) averaged per user (rows grouped by user): (users, p). A user's mean
+    has at most the largest norm of their rows, whatever their number of rows."""
+    starts = user_starts(users)
+    if starts.size == 0:
+        return np.zeros((0, per_row.shape[1]))
+    counts = np.diff(np.r_[starts, len(users)])
+    return np.add.reduceat(per_row, starts, axis=0) / counts[:, None]
 
 
 def clip_rows(v: np.ndarray, clip_norm: float) -> np.ndarray:

@@ -148,8 +148,8 @@ def test_user_count_is_the_noisy_count_of_users(user_table):
 
 def test_refusals(user_table, tmp_path):
     pattern, _ = user_table
-    with pytest.raises(ValueError, match="dpgd"):
-        _train(pattern, runner="local", algorithm="dpsgd")
+    with pytest.raises(ValueError, match="use: dpgd, dpsgd"):
+        _train(pattern, runner="local", algorithm="dpsgd-f")
     with pytest.raises(ValueError, match="float noise"):
         _train(pattern, runner="local", noise="secure")
     with pytest.raises(ValueError, match="privacy_unit_column"):
@@ -197,7 +197,7 @@ def test_cli_flags_and_schema_key(user_table, tmp_path, cli):
     model = _train(pattern, runner="local", privacy_unit_column=None, schema=str(schema))
     assert model.privacy_report["privacy_unit"]["column"] == "user_id"
     run = cli("train", "--input", pattern, "--output", tmp_path / "o2", "--runner", "local",
-              "--epsilon", 1, "--algorithm", "dpsgd", "--privacy-unit-column", "user_id")
+              "--epsilon", 1, "--algorithm", "dpsgd-f", "--privacy-unit-column", "user_id")
     assert run.code != 0 and "user-level" in run.err and HEAVY not in run.err
     # The budget ledger composes row-level charges: a user-level run is refused before training.
     run = cli("train", "--input", pattern, "--output", tmp_path / "o3", "--runner", "local",

@@ -18,6 +18,9 @@ What it chooses and why (README "Which algorithm for which data", Table C, the r
   and only for classification: with its defaults it matched dpgd on the classification tables
   but was far behind on regression (R^2 -0.09 and 0.30 against dpgd's 0.945 and 0.763), so a
   regression stays with dpgd at any size.
+* With ``--privacy-unit-column`` dpgd at any size: dpsgd's user-level steps read and group the
+  whole input once per job (their batch is drawn from the grouped users), so they do not save
+  dpgd's passes as row-level dpsgd does.
 * Options only one of them takes (dpsgd's ``--batch-size``, dpgd's ``--rank``) choose that one;
   a request neither serves is an error naming why.
 
@@ -113,7 +116,15 @@ def choose(model: str, given=(), *, num_examples: int | None = None,
                  warm_start=warm_start, fit_intercept=fit_intercept, noise=noise)
     refusals = {name: _refusals(registry.get(name), model, given, **shape) for name in CANDIDATES}
     large = rows is not None and rows >= FULL_PASS_ROWS
-    if large and model not in REGRESSION_MODELS:
+    if large and user_level:
+        # dpsgd's user-level steps cannot read only their batch: each job reads and groups the
+        # whole input by user (noisy_gd.UserGradientStep), and its many more steps mean more
+        # jobs, so the reason to leave dpgd at this size does not hold.
+        order = CANDIDATES
+        why = (f"{WHY_DPGD}; kept at {rows:,} rows ({source}) with --privacy-unit-column: "
+               "dpsgd's user-level steps read and group all the data once per job, not only "
+               "their batch")
+    elif large and model not in REGRESSION_MODELS:
         order = ("dpsgd", "dpgd")
         why = (f"{rows:,} rows ({source}), at least {FULL_PASS_ROWS:,}: a full pass per step "
                "(dpgd) is too slow there, and dpsgd matched dpgd on the classification tables "

@@ -22,9 +22,10 @@ smooth function of it that stays sane over the count's error range (``_plan``): 
 q * max(n, floor) with floor the count's own error bound, so an undershooting count cannot blow
 up a step.
 
-With ``--privacy-unit-column`` (dpgd only) the relation is add/remove one user with all their
-rows: the blocks are grouped by user and bounded to K rows each, each step clips every user's
-summed gradient to C (``UserGradientStep``, ``beam_dp.user_level``), and n is a count of users.
+With ``--privacy-unit-column`` (dpgd and dpsgd) the relation is add/remove one user with all
+their rows: the blocks are grouped by user and bounded to K rows each, each step clips every
+user's summed gradient to C (``UserGradientStep``, ``beam_dp.user_level``), n is a count of
+users, and dpsgd's Poisson sampling samples users (a user's rows in or out together).
 """
 from __future__ import annotations
 
@@ -255,11 +256,28 @@ class NoisyGradientStep:
 
 @dataclasses.dataclass(frozen=True)
 class UserGradientStep(NoisyGradientStep):
-    """A full-batch step under user-level privacy (``beam_dp.user_level``): each user's
-    per-row-clipped gradients summed over their kept rows, that sum clipped to C, so one user
-    (not one row) adds at most C: the same noise, for "add/remove one user". Its blocks are
-    grouped by user (no user spans two), so per-block sums are whole users' sums. Float noise
-    only (the exact integer sums quantize rows, not users' sums)."""
+    """A step under user-level privacy (``beam_dp.user_level``): each user's per-row-clipped
+    gradients summed over their kept rows, that sum clipped to C, so one user (not one row)
+    adds at most C: the same noise, for "add/remove one user". Its blocks are grouped by user
+    (no user spans two), so per-block sums are whole users' sums. Float noise only (the exact
+    integer sums quantize rows, not users' sums).
+
+    dpsgd (rate q < 1): the step's batch is a Poisson sample of USERS (``user_level.in_step_batch``:
+    a user's rows all in or all out), drawn from the grouped blocks in ``partial_sum``. So it
+    runs as a full-batch stage (no ``batch_plan``): the row-level batch job's files hold rows
+    without their users and cut users apart, so on Beam every job reads the data and groups it
+    by user once (one GroupByKey), then runs its steps, each step's gradient work being only its
+    sampled users' rows. Passes over the data: one per job, not one per step."""
+
+    @property
+    def batch_plan(self) -> None:
+        return None
+
+    def partial_sum(self, block, state: TrainState) -> np.ndarray:
+        if self.sampler.rate < 1.0:
+            block = block.take(np.flatnonzero(user_level.in_step_batch(
+                block.users, state.step, self.sampler.seed, self.sampler.rate)))
+        return self.selected_sum(block, state)
 
     def selected_sum(self, batch, state: TrainState):
         users = batch.users
@@ -671,11 +689,14 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
     ``on_progress(steps_done, steps_total, epsilon_so_far)`` is called after every chunk; the
     epsilon there is the ledger's, never a data statistic.
 
-    ``user_bounding`` (user-level privacy, full batch only: the aggregator's blocks are grouped
-    by user and bounded to K rows each, ``user_level.group_by_user``): n is then the number of
-    USERS (public ``num_examples``, or a noisy count of them, sensitivity 1 per user), so the
-    normalizer is max(noisy users, floor) and each update the mean over users of their clipped
-    sums, at most C in norm as in a row-level run; the steps are ``UserGradientStep``s.
+    ``user_bounding`` (user-level privacy: the aggregator's blocks are grouped by user and
+    bounded to K rows each, ``user_level.group_by_user``): n is then the number of USERS
+    (public ``num_examples``, or a noisy count of them, sensitivity 1 per user), so q = B / n
+    samples users (dpsgd: ``--batch-size`` is an expected number of users), the normalizer is
+    q max(noisy users, floor) and each update the mean over (expected) users of their clipped
+    sums, at most C in norm as in a row-level run; the steps are ``UserGradientStep``s, each
+    accounted as the row-level step is (PoissonSampledDpEvent(q, Gaussian) for dpsgd) under
+    add/remove one user.
     """
     config.validate()
     public_config = {k: v for k, v in dataclasses.asdict(config).items() if k != "steps_per_chunk"}
@@ -694,9 +715,9 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
                                  f"{np.shape(initial_theta)}, this run {state.theta.shape}")
             state.theta = np.array(initial_theta, dtype=np.float64)
         if user_bounding is not None:
-            if config.algorithm != "dpgd" or config.noise != "float" or config.adaptive():
-                raise ValueError("user-level privacy is built for dpgd with float noise and a "
-                                 "fixed clip norm")
+            if config.noise != "float" or config.adaptive():
+                raise ValueError("user-level privacy is built for dpgd and dpsgd with float "
+                                 "noise and a fixed clip norm")
             dataset_size = release_dataset_size(
                 config, aggregator, seed, ledger,
                 lambda: aggregator.run_stages([user_level.DistinctUsersStage()], None))
@@ -791,7 +812,8 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
             config, clip_norm, count_std, plan["normalizer"], state.clip_norms)}
         clip_norm = None
     return TrainResult(theta, ledger, sigma, q, total_steps, clip_norm, plan["dataset_size"],
-                       details, sampling="Poisson" if q < 1 else "full batch",
+                       details, sampling=("full batch" if q >= 1 else "Poisson over users"
+                                          if user_bounding is not None else "Poisson"),
                        expected_batch_size=plan["normalizer"],
                        privacy_unit=user_bounding.describe() if user_bounding is not None else None)
 
@@ -958,7 +980,9 @@ class DpsgdOptions:
     clip_norm: float = _CLIP
     learning_rate: float = option(2.0, "step size", low=0, low_open=True)
     batch_size: int = option(1000, "expected batch size B: each example is in a step's batch "
-                                   "with probability B / n (Poisson sampling)", low=1)
+                                   "with probability B / n (Poisson sampling); with "
+                                   "--privacy-unit-column (dpsgd) B users of n users, each "
+                                   "with all their kept rows", low=1)
     epochs: float = option(5.0, "passes over the data: steps = ceil(epochs n / B)", low=0,
                            low_open=True)
     steps: int | None = option(None, "number of steps; overrides --epochs", low=1)
@@ -1458,4 +1482,4 @@ DPSGD = Algorithm(
     "dpsgd", "large data where a full pass per step is too slow: Poisson-sampled mini-batches, "
              "each step reads only its batch; needs more tuning than dpgd",
     MODEL_NAMES, ScaledDpsgdOptions, _train_dpsgd, warm_start=True, secure_noise=True,
-    quality_check=True)
+    user_level=True, quality_check=True)
