@@ -674,6 +674,16 @@ def _train_candidate(api, X, y, input, algorithm, model, delta, the_plan: Plan, 
     merged = {**options, **setting}
     steps = merged.get("steps") or merged.get("max_steps") or \
         registry.make_options(chosen.options, merged).max_steps
+    if steps is None:
+        # train's default cap comes from the released n (``noisy_gd.default_max_steps``), which
+        # the candidate releases only inside its own run; the plan's noise needs the steps
+        # first, so a candidate keeps the fixed cap, given explicitly (with a noise multiplier
+        # dpgd runs exactly max_steps steps).
+        from beam_dp.algorithms import noisy_gd
+        steps = noisy_gd.DEFAULT_MAX_STEPS[0]
+        setting_steps = {"max_steps": steps}
+    else:
+        setting_steps = {}
     # T steps of multiplier sigma sqrt(T) compose to one Gaussian of multiplier sigma; the tiny
     # excess keeps rounding in sqrt from ever putting the composition below sigma_train.
     multiplier = the_plan.sigma_train * math.sqrt(steps) * (1.0 + 1e-9)
@@ -685,7 +695,7 @@ def _train_candidate(api, X, y, input, algorithm, model, delta, the_plan: Plan, 
                               noise="float", runner="local", seed=seed, _instrument=splitter,
                               scale_features="none",   # (the splitter released the ranges once)
                               quality_check="off",     # (the held-out score is the check here)
-                              **rest, **setting)
+                              **setting_steps, **rest, **setting)
     # The candidate must have released no more than the plan's training event.
     spent = _rdp(_candidate_ledger_event(candidate))
     planned = _rdp(events.GaussianDpEvent(the_plan.sigma_train))

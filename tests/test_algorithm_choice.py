@@ -83,7 +83,8 @@ def test_cli_auto_says_its_choice_on_stderr_and_in_the_reports(tmp_path, cli, sm
     report = read_json(out / "privacy_report.json")
     assert report["algorithm_choice"]["chosen"] == "dpsgd"
     assert report["hyperparameters"]["values"]["clip_norm"] == 0.5   # a flag given reaches it
-    assert report["hyperparameters"]["values"]["learning_rate"] == 2.0   # dpsgd's default
+    # dpsgd's default step (2 for logistic, 1/2 for linear and huber): None, as given
+    assert report["hyperparameters"]["values"]["learning_rate"] is None
     assert "--algorithm auto chose dpsgd" in (out / "report.html").read_text()
     # The default stays dpgd, and says nothing about a choice.
     plain = cli("train", "--input", small_binary["train_glob"], "--output", tmp_path / "plain",

@@ -70,7 +70,8 @@ class NoisyGDConfig:
     fit_intercept: bool = True
     steps_per_chunk: int | None = None   # steps per job (full batch); None: the aggregator's choice
     rank: int | None = None            # dpgd: public bound on the feature rank (default d + 1)
-    max_steps: int = 100               # dpgd: cap on the rank-based number of steps
+    # dpgd: cap on the rank-based number of steps; None: ``default_max_steps`` of the released n
+    max_steps: int | None = None
     # dpgd --gradient-estimator projection: the l1 radius C sqrt(s) the noisy mean gradient is
     # projected onto (paper 001, Algorithm 1); None: the plain Gaussian estimate.
     projection_radius: float | None = None
@@ -103,7 +104,7 @@ class NoisyGDConfig:
             raise ValueError(f"noise must be one of {', '.join(NOISE_KINDS)}, got {self.noise!r}")
         if self.rank is not None and self.rank < 1:
             raise ValueError("--rank must be at least 1")
-        if self.max_steps < 1:
+        if self.max_steps is not None and self.max_steps < 1:
             raise ValueError("--max-steps must be at least 1")
         if self.steps is not None and self.steps < 1:
             raise ValueError("steps must be at least 1")
@@ -840,6 +841,29 @@ def adaptive_clipping_summary(config: NoisyGDConfig, initial: float, count_std: 
             "final_clip_norm": history[-1] if history else initial}
 
 
+# dpgd's default cap on the number of steps (``default_max_steps``): DEFAULT_MAX_STEPS[1] steps
+# on small tables, falling as DEFAULT_STEP_ROWS / n to DEFAULT_MAX_STEPS[0], the earlier fixed
+# cap, from n = 300,000 on, so a default run reads at most max(DEFAULT_STEP_ROWS, 100 n) rows
+# and no large-n run is slower than before (at n = 10^6 the README's benchmark puts a local step
+# at ~46 ms: 100 steps, ~5 s). Why more steps where n is small: at 100 steps dpgd is
+# under-converged on columns mapped onto [-1, 1] by their ranges (not standardized, so
+# ill-conditioned), and with the iterates averaged the extra steps cost little in noise.
+# Measured with pipelines/bench_raw_tables.py at epsilon 1 (MASS Boston with its declared ranges,
+# 10 seeds, mean RMSE; OLS 4.31): cap 100 6.54, 200 6.38, 300 6.25, 500 6.40 (fixed 200 steps
+# 6.17, 300 6.23, 500 6.81: past ~300 the noise per step, sigma ~ sqrt(T), wins); ISLR Default
+# ROC AUC 0.946 -> 0.948 and AER CreditCard accuracy 0.955 -> 0.970 at 300 (3 seeds).
+DEFAULT_MAX_STEPS = (100, 300)
+DEFAULT_STEP_ROWS = 3e7
+
+
+def default_max_steps(n: int) -> int:
+    """dpgd's cap on the number of steps without --max-steps, from n (the public or released
+    count: post-processing, nothing spent): DEFAULT_STEP_ROWS / n within DEFAULT_MAX_STEPS,
+    i.e. 300 up to n = 100,000, 200 at 150,000, 100 from 300,000 on; non-increasing in n."""
+    low, high = DEFAULT_MAX_STEPS
+    return int(min(high, max(low, math.ceil(DEFAULT_STEP_ROWS / max(int(n), 1)))))
+
+
 def dpgd_steps(n: int, epsilon: float | None, delta: float, rank: int, max_steps: int) -> int:
     """Paper 002 (note §2.3): the excess-risk bound of averaged DP-GD is
     ||theta*||_M sqrt(L^2/T + 2 L^2 rank log(1/delta) / (n eps)^2), so any
@@ -865,7 +889,8 @@ def _plan(config: NoisyGDConfig, dataset_size: dict, ledger: accounting.Ledger, 
     * steps: ``steps`` if given; else ceil(epochs / q) with epochs = ``epochs`` or, for dpsgd,
       DEFAULT_EPOCHS (so n = 999 and 1001 with B = 1000 give 5 and 6 steps; the rank-based count
       below used to take over for dpsgd whenever q reached 1, i.e. 2,000 full-batch steps at
-      n = 999); else, for dpgd only, ``dpgd_steps`` (continuous in n up to the ``max_steps`` cap);
+      n = 999); else, for dpgd only, ``dpgd_steps`` (continuous in n up to the ``max_steps`` cap,
+      by default ``default_max_steps`` of the released n);
     * normalizer of the noisy sums: q * max(n, floor), floor the count's ``normalizer_floor`` (1 for
       a public n); for dpsgd with n above the floor that is the expected batch size B.
     """
@@ -876,7 +901,8 @@ def _plan(config: NoisyGDConfig, dataset_size: dict, ledger: accounting.Ledger, 
     elif config.epochs is not None or config.algorithm == "dpsgd":
         steps = max(1, math.ceil((config.epochs if config.epochs is not None else DEFAULT_EPOCHS) / q))
     else:
-        steps = dpgd_steps(n, config.epsilon, config.delta, config.rank or dim + 1, config.max_steps)
+        cap = config.max_steps if config.max_steps is not None else default_max_steps(n)
+        steps = dpgd_steps(n, config.epsilon, config.delta, config.rank or dim + 1, cap)
     normalizer = q * max(float(n), float(dataset_size.get("normalizer_floor", 1.0)))
     if config.noise_multiplier is not None:
         sigma = float(config.noise_multiplier)
@@ -947,7 +973,10 @@ class DpgdOptions:
                                low=1)
     rank: int | None = option(None, "public bound on the rank of the features, which sets the "
                                     "default steps (paper 002); default d + 1", low=1)
-    max_steps: int = option(100, "cap on the default number of steps", low=1)
+    max_steps: int | None = option(
+        None, "cap on the default number of steps; default 300 up to n = 100,000 rows, then "
+              "3e7 / n (a default run reads at most 3e7 rows, or 100 passes) down to 100 from "
+              "n = 300,000 on, n the public or privately counted size", low=1)
     average_iterates: bool | None = option(
         None, "output the average of the iterates (paper 002) rather than the last; default on, "
               "except with --precondition counts, whose scaled steps converge in a few dozen "
@@ -995,6 +1024,11 @@ class ScaledDpsgdOptions(DpsgdOptions):
     """dpsgd's options: DpsgdOptions (which dpsgd-f shares, with its own private preprocessing
     instead of this one) and the private column scaling."""
 
+    # (dpsgd-f keeps DpsgdOptions' fixed 2: its preprocessing and tables were measured with it)
+    learning_rate: float | None = option(
+        None, "step size; default 2, or 1/2 for --model linear and huber (dpgd's curvature "
+              "rule: measured at epsilon 1 on standardized ggplot2 diamonds, R^2 0.91 against "
+              "-0.09 at 2)", low=0, low_open=True)
     scale_features: str = _SCALE
     scale_epsilon: float | None = _SCALE_EPSILON
     adaptive_clip_quantile: float | None = _ADAPTIVE_QUANTILE
@@ -1018,9 +1052,15 @@ def core_config(name: str, options, problem: Problem, exclude=(), secure: bool =
 _SQUARED_CURVATURE_STEP = 0.25
 
 
-def default_learning_rate(model: str) -> float:
-    """dpgd's default step for a model (``--model``)."""
-    return _SQUARED_CURVATURE_STEP if model in ("linear", "huber") else 1.0
+# dpsgd's base step (for the logistic loss); scaled by the same curvature rule as dpgd's. At 2
+# on a regression it was below the constant predictor (Table C: diamonds R^2 -0.09, Computers
+# 0.30; MASS Boston with ranges RMSE 23.9 against the constant's 8.6).
+_BASE_STEP = {"dpgd": 1.0, "dpsgd": 2.0}
+
+
+def default_learning_rate(model: str, algorithm: str = "dpgd") -> float:
+    """dpgd's (or dpsgd's) default step for a model (``--model``)."""
+    return _BASE_STEP[algorithm] * (_SQUARED_CURVATURE_STEP if model in ("linear", "huber") else 1.0)
 
 ADAPTIVE_FLOAT_NOTE = ("--adaptive-clip-quantile: the steps add numpy's float Gaussian noise (secure "
                        "noise is not implemented for a clip norm that changes every step)")
@@ -1028,7 +1068,8 @@ ADAPTIVE_FLOAT_NOTE = ("--adaptive-clip-quantile: the steps add numpy's float Ga
 
 def _train_noisy(name: str, options, problem: Problem, aggregator, seed: int, ledger, progress):
     if getattr(options, "learning_rate", 1.0) is None:
-        options = dataclasses.replace(options, learning_rate=default_learning_rate(problem.loss.name))
+        options = dataclasses.replace(options,
+                                      learning_rate=default_learning_rate(problem.loss.name, name))
     # Sparse (categorical) input: float noise, since the exact sums quantize dense rows.
     bounding = problem.privacy_unit
     if bounding is not None:
