@@ -170,7 +170,8 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
         privacy_report.setdefault("warnings", []).append(message)
         warnings.warn(message, PrivacyWarning, stacklevel=2)
     if checked.get("status") in ("not_better", "inconclusive"):
-        message = quality.warning_text(checked)
+        message = quality.warning_text(
+            checked, (privacy_report.get("hyperparameters") or {}).get("values"))
         privacy_report.setdefault("warnings", []).append(message)
         warnings.warn(message, QualityWarning, stacklevel=2)
     return Model(artifact, privacy_report)
@@ -446,10 +447,13 @@ def _warnings(privacy_report: dict, dataset_size: dict) -> list[str]:
     for name, fill in imputed.items():
         # (public: the mechanism's error bound against the released count)
         if fill.get("policy") == "median" and fill["rank_error_95"] > IMPUTE_RANK_ERROR * n:
+            # (declaring the range is advice only where the column has none)
+            declare = ("" if fill.get("grid") == "uniform over the declared range"
+                       else "declare the column's range (bounds), ")
             found.append(f"the private median filling '{name}' has a 95% rank error of "
                          f"{fill['rank_error_95']:.0f} rows against n ~ {n}: it may lie anywhere "
-                         f"on its grid ({fill['grid']}); declare the column's range (bounds), "
-                         "give a larger --scale-epsilon, or use indicator")
+                         f"on its grid ({fill['grid']}); {declare}give a larger --scale-epsilon, "
+                         "or use indicator")
     return found
 
 
