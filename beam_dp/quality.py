@@ -342,7 +342,12 @@ def reserve(ledger: accounting.Ledger, loss: losses.GlmLoss, privacy, *, epsilon
 
 
 def _std(tau: float, gradient) -> float:
-    return float(tau * np.linalg.norm(np.asarray(gradient, dtype=np.float64)))
+    # The norm of the gradient scaled by its largest entry: its entries reach 3 L^2 (3e300 at
+    # the largest --quality-label-bound, 1e150), whose squares overflow, and np.linalg.norm
+    # squares them (the std was inf, written as Infinity into privacy_report.json).
+    g = np.asarray(gradient, dtype=np.float64)
+    top = float(np.max(np.abs(g))) if g.size else 0.0
+    return float(tau * top * np.linalg.norm(g / top)) if top > 0 else 0.0
 
 
 def verdict(loss: losses.GlmLoss, noisy: np.ndarray, noise_multiplier: float,

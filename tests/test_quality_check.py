@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import beam_dp
-from beam_dp import api, cli, quality, synthetic
+from beam_dp import api, cli, losses, quality, synthetic
 from beam_dp.algorithms import noisy_gd, registry
 
 
@@ -220,3 +220,18 @@ def test_the_warnings_advice_fits_the_runs_options():
         text = quality.advice(values)
         assert "--scale-features" not in text and "--clip-norm" not in text
         assert text.startswith("try standardized columns")
+
+
+def test_the_largest_label_bound_gives_finite_noise_stds():
+    # At --quality-label-bound 1e150 (the largest allowed) the gradients' entries are ~3e300:
+    # np.linalg.norm squared them to inf, and privacy_report.json held "noise_std": Infinity.
+    loss = losses.make_loss("linear")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)   # no overflow on the way either
+        report = quality.verdict(loss, np.array([10.0, -30.0, 900.0]), 80.0, 1e150, 3000.0)
+    stds = [report[k]["noise_std"] for k in ("model", "constant", "constant_minus_model")]
+    assert all(math.isfinite(s) and s > 0 for s in stds)
+    # The same figures in units of L^2 as at L = 1 (the std scales with L^2).
+    unit = quality.verdict(loss, np.array([10.0, -30.0, 900.0]), 80.0, 1.0, 3000.0)
+    assert report["model"]["noise_std"] == pytest.approx(unit["model"]["noise_std"] * 1e300)
+    json.loads(json.dumps(report, allow_nan=False))
