@@ -443,6 +443,16 @@ def _warnings(privacy_report: dict, dataset_size: dict) -> list[str]:
         found.append(f"the private count's 95% error (+-{error:.0f} {unit}) is large against n ~ {n}: "
                      "steps are normalized by a cautious floor and learn slowly; give "
                      "num_examples (--num-examples) if n is public, or a larger count_epsilon")
+    chose = privacy_report.get("algorithm_choice") or {}
+    if chose.get("rows_source") == "--rows-hint" and error is not None:
+        # The hint (public) against the released count (public): a hint off by 10x or more
+        # made --algorithm auto choose for another table (20,000,000 hinted on ISLR Default's
+        # 10,000 rows chose dpsgd, which the quality check found no better than the constant).
+        hint = chose["rows"]
+        if hint > 10 * (n + error) or 10 * hint < n - error:
+            found.append(f"--rows-hint {hint:,} is far from the private count (n ~ {n}, "
+                         f"+-{error:.0f}): --algorithm auto chose {chose['chosen']} for a table "
+                         "of the hinted size; give a closer hint or name the algorithm")
     imputed = (privacy_report.get("preprocessing") or {}).get("imputation") or {}
     for name, fill in imputed.items():
         # (public: the mechanism's error bound against the released count)

@@ -100,3 +100,17 @@ def test_a_rows_hint_that_is_not_a_whole_number_is_refused_in_words(tmp_path, cl
     done = cli("train", "--input", "x.csv", "--output", tmp_path / "out", "--epsilon", 1,
                "--algorithm", "auto", "--rows-hint", hint)
     assert done.code == 2 and said in done.err and "_positive_int" not in done.err
+
+
+def test_a_rows_hint_far_from_the_private_count_is_warned():
+    from beam_dp import api
+
+    def warned(hint, n, source="--rows-hint"):
+        report = {"delta": 1e-9, "epsilon": 1.0, "algorithm_choice": {
+            "chosen": "dpsgd", "rows": hint, "rows_source": source}}
+        return [w for w in api._warnings(report, {"value": n, "error_bound_95": 300.0})
+                if "--rows-hint" in w]
+    assert warned(20_000_000, 9965)          # hinted 2,000x the table
+    assert warned(1_000, 100_000)            # hinted 100x too few
+    assert not warned(20_000_000, 15_000_000) and not warned(50_000, 100_000)
+    assert not warned(20_000_000, 9965, "--num-examples")   # the public n: nothing to compare
