@@ -261,3 +261,14 @@ def test_the_median_warning_asks_to_declare_a_range_only_where_none_is_declared(
         return found[0]
     assert "declare the" not in warned("uniform over the declared range")
     assert "declare the column's range" in warned("symmetric log grid, 10% steps")
+
+
+def test_r_style_na_cells_in_a_numeric_csv_column_are_missing():
+    # README ("A table's schema"): R's write.csv writes NA for a missing number; it reads as
+    # missing (null), as an empty cell does, not as "not a number".
+    from beam_dp import data
+    batch = pa.RecordBatch.from_arrays([pa.array(["1.5", "NA", "", "N/A", "NULL", "nan"])],
+                                       names=["Ozone"])
+    parsed = data._parse_csv_batch("t.csv", batch, 0).column(0)
+    assert parsed.to_pylist()[0] == 1.5
+    assert all(v is None or math.isnan(v) for v in parsed.to_pylist()[1:])
