@@ -272,3 +272,20 @@ def test_r_style_na_cells_in_a_numeric_csv_column_are_missing():
     parsed = data._parse_csv_batch("t.csv", batch, 0).column(0)
     assert parsed.to_pylist()[0] == 1.5
     assert all(v is None or math.isnan(v) for v in parsed.to_pylist()[1:])
+
+
+def test_the_fills_float_noise_is_refused_by_noise_secure_and_said_by_default(tmp_path):
+    # --noise secure insists on integer noise on exact sums; the fills' releases have float
+    # noise (Gumbel-max, numpy's Laplace): it had let them through silently.
+    table, _ = _table(2000, seed=7)
+    common = dict(input=_write(table, tmp_path), label_column="y", model="linear",
+                  bounds={"x2": [0.0, 1000.0]}, epsilon=1.0, seed=1, runner="local")
+    for policy in ("median", "mean"):
+        with pytest.raises(ValueError, match="imputation adds float noise"):
+            _train(missing={"x2": policy}, noise="secure", **common)
+    model = _train(missing={"x2": "mean"}, **common)
+    assert noisy_gd.IMPUTE_FLOAT_NOTE in model.privacy_report["accounting_notes"]
+    event = [m for m in model.privacy_report["mechanisms"] if m["name"] == "laplace_imputation_mean"]
+    assert event[0]["noise"] == "float Laplace (numpy)"
+    plain = _train(missing={"x2": "constant:0"}, **common)   # (no fill released: no note)
+    assert noisy_gd.IMPUTE_FLOAT_NOTE not in plain.privacy_report["accounting_notes"]
