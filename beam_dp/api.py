@@ -170,7 +170,8 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
         privacy_report.setdefault("warnings", []).append(message)
         warnings.warn(message, PrivacyWarning, stacklevel=2)
     if checked.get("status") in ("not_better", "inconclusive"):
-        message = quality.warning_text(checked)
+        message = quality.warning_text(
+            checked, (privacy_report.get("hyperparameters") or {}).get("values"))
         privacy_report.setdefault("warnings", []).append(message)
         warnings.warn(message, QualityWarning, stacklevel=2)
     return Model(artifact, privacy_report)
@@ -442,14 +443,27 @@ def _warnings(privacy_report: dict, dataset_size: dict) -> list[str]:
         found.append(f"the private count's 95% error (+-{error:.0f} {unit}) is large against n ~ {n}: "
                      "steps are normalized by a cautious floor and learn slowly; give "
                      "num_examples (--num-examples) if n is public, or a larger count_epsilon")
+    chose = privacy_report.get("algorithm_choice") or {}
+    if chose.get("rows_source") == "--rows-hint" and error is not None:
+        # The hint (public) against the released count (public): a hint off by 10x or more
+        # made --algorithm auto choose for another table (20,000,000 hinted on ISLR Default's
+        # 10,000 rows chose dpsgd, which the quality check found no better than the constant).
+        hint = chose["rows"]
+        if hint > 10 * (n + error) or 10 * hint < n - error:
+            found.append(f"--rows-hint {hint:,} is far from the private count (n ~ {n}, "
+                         f"+-{error:.0f}): --algorithm auto chose {chose['chosen']} for a table "
+                         "of the hinted size; give a closer hint or name the algorithm")
     imputed = (privacy_report.get("preprocessing") or {}).get("imputation") or {}
     for name, fill in imputed.items():
         # (public: the mechanism's error bound against the released count)
         if fill.get("policy") == "median" and fill["rank_error_95"] > IMPUTE_RANK_ERROR * n:
+            # (declaring the range is advice only where the column has none)
+            declare = ("" if fill.get("grid") == "uniform over the declared range"
+                       else "declare the column's range (bounds), ")
             found.append(f"the private median filling '{name}' has a 95% rank error of "
                          f"{fill['rank_error_95']:.0f} rows against n ~ {n}: it may lie anywhere "
-                         f"on its grid ({fill['grid']}); declare the column's range (bounds), "
-                         "give a larger --scale-epsilon, or use indicator")
+                         f"on its grid ({fill['grid']}); {declare}give a larger --scale-epsilon, "
+                         "or use indicator")
     return found
 
 

@@ -31,7 +31,10 @@ SPARSE_MECHANISMS = ("gaussian", "laplace")   # beam_dp.stats.SPARSE_MEAN_VARIAN
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:   # (argparse would name this function: "invalid _positive_int value")
+        raise argparse.ArgumentTypeError(f"takes a whole number, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
@@ -235,7 +238,8 @@ def _add_tune_parser(sub, argv):
         "tune", help="private hyperparameter selection (random stopping, inside epsilon)",
         formatter_class=_Formatter,
         description="Train a random number of candidates, each a setting drawn from a public "
-                    "grid, score each on private held-out rows with Gaussian noise, and release "
+                    "grid, score each on private rows with Gaussian noise (the training rows "
+                    "themselves by default; --holdout or --validation for held-out ones), and release "
                     "the best (Papernot & Steinke 2022): the whole selection is inside the "
                     "reported (epsilon, delta), accounted by dp_accounting's RDP accountant "
                     "(RepeatAndSelectDpEvent). Runs in-process. Writes model.json, "
@@ -268,7 +272,7 @@ def _add_tune_parser(sub, argv):
                        help="probability that a candidate takes train's default setting (when "
                             "the grid holds it), else a setting uniform over the grid")
     group.add_argument("--score", choices=tuning.SCORES, default="loss",
-                       help="per held-out row: loss (1 - clipped loss / bound) or accuracy "
+                       help="per scored row: loss (1 - clipped loss / bound) or accuracy "
                             "(classifiers)")
     group.add_argument("--score-bound", type=float, default=None,
                        help="where the clipped loss stops: log or hinge loss (default 2), or "
@@ -1110,7 +1114,7 @@ def _report(args) -> int:
 
 def _train_and_write(api, args, beam_args, options, validation_files, release, ledger=None,
                      gate=None) -> int:
-    from beam_dp import report
+    from beam_dp import quality, report
     from beam_dp.algorithms.base import JobLimitReached, checkpoint_exists
 
     if args.checkpoint_dir and checkpoint_exists(args.checkpoint_dir):
@@ -1142,8 +1146,9 @@ def _train_and_write(api, args, beam_args, options, validation_files, release, l
         print(f"beam-dp: warning: the model is no better than a constant predictor on the "
               f"validation data ({metric} {metrics[metric]:.4g}, the constant's "
               f"{metrics['constant_baseline'][metric]:.4g}; not covered by the privacy "
-              "guarantee): try --scale-features auto, another --clip-norm or learning rate, or "
-              "more epsilon", file=sys.stderr)
+              "guarantee): "
+              + quality.advice((model.privacy_report.get("hyperparameters") or {}).get("values")),
+              file=sys.stderr)
     _stop_if_interrupted()
     files = {"model.json": report.json_text(model.artifact),
              "privacy_report.json": report.json_text(model.privacy_report)}

@@ -349,7 +349,12 @@ def reserve(ledger: accounting.Ledger, loss: losses.GlmLoss, privacy, *, epsilon
 
 
 def _std(tau: float, gradient) -> float:
-    return float(tau * np.linalg.norm(np.asarray(gradient, dtype=np.float64)))
+    # The norm of the gradient scaled by its largest entry: its entries reach 3 L^2 (3e300 at
+    # the largest --quality-label-bound, 1e150), whose squares overflow, and np.linalg.norm
+    # squares them (the std was inf, written as Infinity into privacy_report.json).
+    g = np.asarray(gradient, dtype=np.float64)
+    top = float(np.max(np.abs(g))) if g.size else 0.0
+    return float(tau * top * np.linalg.norm(g / top)) if top > 0 else 0.0
 
 
 def verdict(loss: losses.GlmLoss, noisy: np.ndarray, noise_multiplier: float,
@@ -412,8 +417,27 @@ def verdict(loss: losses.GlmLoss, noisy: np.ndarray, noise_multiplier: float,
     }
 
 
-def warning_text(report: dict) -> str:
-    """The stderr line of a model not better than a constant (noisy figures and stds only)."""
+def advice(values: dict | None) -> str:
+    """What to try after a model no better than a constant, from the run's public options
+    (the privacy report's ``hyperparameters.values``): it used to suggest --scale-features auto
+    to every run, though that is dpgd's and dpsgd's default and other algorithms have no such
+    flag."""
+    values = values or {}
+    scale = values.get("scale_features")
+    if scale is None:
+        columns = "standardized columns (public bounds, or beam-dp stats)"
+    elif scale == "none":
+        columns = "--scale-features auto or declared column ranges (the schema's bounds)"
+    else:
+        columns = "declared column ranges (the schema's bounds)"
+    knobs = ("another --clip-norm or learning rate" if "clip_norm" in values
+             else "other options (beam-dp algorithms)")
+    return f"try {columns}, {knobs}, or more epsilon"
+
+
+def warning_text(report: dict, values: dict | None = None) -> str:
+    """The stderr line of a model not better than a constant (noisy figures and stds only);
+    ``values``: the run's public options, for ``advice``."""
     model, const = report["model"], report["constant"]
     if report["status"] == "inconclusive":
         return (f"the private quality check cannot tell whether the model is better than a "
@@ -423,8 +447,8 @@ def warning_text(report: dict) -> str:
     return (f"the model is not better than a constant predictor on the training data by the "
             f"private quality check ({report['metric']}: model {model['value']:.4g}, constant "
             f"{const['value']:.4g}, each a DP release with noise std about "
-            f"{report['constant_minus_model']['noise_std']:.2g} on their difference): try "
-            f"--scale-features auto, another --clip-norm or learning rate, or more epsilon")
+            f"{report['constant_minus_model']['noise_std']:.2g} on their difference): "
+            f"{advice(values)}")
 
 
 def refusal_text(report: dict) -> str:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 
 # schema key -> beam_dp.train keyword
 KEYS = {
@@ -115,6 +116,12 @@ def check_bounds(value, source: str = "bounds") -> dict:
         if not ok or not all(math.isfinite(v) for v in pair) or not pair[0] < pair[1]:
             raise SchemaError(f"{source}: the bounds of '{column}' must be two finite numbers "
                               "[low, high] with low < high")
+        # Finite ends are not enough: the scaling and the mean fill divide by the half-width
+        # (high - low) / 2, which overflows to inf for [-1e308, 1e308] (NaN fills, a crash) or
+        # underflows to 0 for [0, 1e-320].
+        if not (math.isfinite(pair[1] - pair[0]) and (pair[1] - pair[0]) / 2 >= sys.float_info.min):
+            raise SchemaError(f"{source}: the bounds of '{column}' must have a width high - low "
+                              "that is a finite, normal float (not above about 1.7e308)")
         out[str(column)] = (float(pair[0]), float(pair[1]))
     return out
 

@@ -741,7 +741,7 @@ class ImputeMeanStage:
         return [("laplace_imputation_mean", events.LaplaceDpEvent(1.0 / self.epsilon), 1,
                  {"epsilon": self.epsilon, "columns": len(self.columns),
                   "sensitivity": "L1 2 per column (a sum of values scaled to [-1, 1], a count)",
-                  "laplace_scale": self.laplace_scale})]
+                  "laplace_scale": self.laplace_scale, "noise": "float Laplace (numpy)"})]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -410,7 +410,7 @@ def score_bound(loss: losses.GlmLoss, kind: str, bound: float | None) -> float |
     if bound is None:
         if not loss.is_classifier:
             raise ValueError("a regression's score needs --score-bound: the absolute error (in "
-                             "label units, public) at which a held-out row scores 0")
+                             "label units, public) at which a scored row scores 0")
         return CLASSIFIER_SCORE_BOUND
     if not (bound > 0 and math.isfinite(bound)):
         raise ValueError("--score-bound must be a positive number")

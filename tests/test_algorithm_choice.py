@@ -91,3 +91,27 @@ def test_cli_auto_says_its_choice_on_stderr_and_in_the_reports(tmp_path, cli, sm
                 "--epsilon", 1, "--runner", "local", "--seed", 0, "--steps", 5)
     assert plain.code == 0 and "auto chose" not in plain.err
     assert "algorithm_choice" not in read_json(tmp_path / "plain" / "privacy_report.json")
+
+
+@pytest.mark.parametrize("hint, said", [("1e200", "takes a whole number, got '1e200'"),
+                                        ("nan", "takes a whole number, got 'nan'"),
+                                        ("0", "must be at least 1, got 0")])
+def test_a_rows_hint_that_is_not_a_whole_number_is_refused_in_words(tmp_path, cli, hint, said):
+    # (argparse had said "invalid _positive_int value", naming a function of this module)
+    done = cli("train", "--input", "x.csv", "--output", tmp_path / "out", "--epsilon", 1,
+               "--algorithm", "auto", "--rows-hint", hint)
+    assert done.code == 2 and said in done.err and "_positive_int" not in done.err
+
+
+def test_a_rows_hint_far_from_the_private_count_is_warned():
+    from beam_dp import api
+
+    def warned(hint, n, source="--rows-hint"):
+        report = {"delta": 1e-9, "epsilon": 1.0, "algorithm_choice": {
+            "chosen": "dpsgd", "rows": hint, "rows_source": source}}
+        return [w for w in api._warnings(report, {"value": n, "error_bound_95": 300.0})
+                if "--rows-hint" in w]
+    assert warned(20_000_000, 9965)          # hinted 2,000x the table
+    assert warned(1_000, 100_000)            # hinted 100x too few
+    assert not warned(20_000_000, 15_000_000) and not warned(50_000, 100_000)
+    assert not warned(20_000_000, 9965, "--num-examples")   # the public n: nothing to compare

@@ -205,3 +205,87 @@ def test_tune_refuses_private_fills(tmp_path):
     with pytest.raises(ValueError, match="tune does not take median/mean imputation"):
         beam_dp.tune(input=_write(table, tmp_path), label_column="y", model="linear",
                      missing={"x2": "median"}, epsilon=1.0, seed=1, score_bound_=5.0)
+
+
+@pytest.mark.parametrize("bounds", [[-1e308, 1e308], [0.0, 1e-320]])
+def test_declared_bounds_whose_width_overflows_or_underflows_are_refused(tmp_path, bounds):
+    # Finite ends are not bounded arithmetic: [-1e308, 1e308] has an infinite width, so the
+    # mean fill and the scaling's half-width were NaN and the run crashed ("a median/mean fill
+    # was not released (a bug)", a traceback); [0, 1e-320] has a half-width of 0.
+    table, _ = _table(500, seed=5)
+    for policy in ("mean", "median"):
+        with pytest.raises(ValueError, match="the bounds of 'x2' must have a width") as e:
+            _train(input=_write(table, tmp_path), label_column="y", model="linear",
+                   missing={"x2": policy}, bounds={"x2": bounds}, epsilon=1.0, seed=1,
+                   runner="local")
+        assert "e+308" not in str(e.value) and "e-320" not in str(e.value)
+
+
+def test_planted_extreme_cells_in_an_imputed_column_give_finite_fills_and_are_never_written(
+        tmp_path):
+    # Huge finite cells in a column filled by its private mean or median: clipped to the declared
+    # range inside the mechanism, so the fills stay finite and in range, nothing is NaN, and no
+    # planted value reaches an output file.
+    table, x2 = _table(3000, seed=6)
+    seen = x2.copy()
+    seen[[3, 4]] = [1.2345e200, -9.8765e300]
+    table = table.set_column(1, "x2", pa.array(seen, from_pandas=True))
+    for policy in ("mean", "median"):
+        model = _train(input=_write(table, tmp_path), label_column="y", model="linear",
+                       missing={"x2": policy}, bounds={"x2": [0.0, 1000.0]}, epsilon=1.0,
+                       seed=2, runner="local")
+        fill = model.artifact["encoding"]["missing"]["x2"]["fill"]
+        assert 0.0 <= fill <= 1000.0
+        if policy == "mean":   # each planted cell moves the clipped sum by one half-range only
+            present = np.clip(seen[~np.isnan(seen)], 0.0, 1000.0)
+            b = model.privacy_report["preprocessing"]["imputation"]["x2"]["noise_scale_count"]
+            t = math.log(2 / FAILURE)
+            assert abs(fill - present.mean()) <= 500.0 * 2 * b * t / (present.size - b * t)
+        assert np.isfinite(model.theta).all()
+        assert model.privacy_report["epsilon"] <= 1.0 + 1e-9
+        out = tmp_path / f"out-{policy}"
+        model.save(str(out))
+        for path in out.iterdir():
+            text = path.read_text()
+            assert "NaN" not in text and "Infinity" not in text
+            assert "e+200" not in text and "e+300" not in text, path.name
+
+
+def test_the_median_warning_asks_to_declare_a_range_only_where_none_is_declared():
+    # airquality with every range declared was told to "declare the column's range (bounds)".
+    def warned(grid):
+        report = {"delta": 1e-9, "epsilon": 1.0, "preprocessing": {"imputation": {"Ozone": {
+            "policy": "median", "fill": 40.0, "rank_error_95": 376.0, "grid": grid}}}}
+        found = api._warnings(report, {"value": 150})
+        assert len(found) == 1 and "'Ozone'" in found[0] and "40" not in found[0]
+        return found[0]
+    assert "declare the" not in warned("uniform over the declared range")
+    assert "declare the column's range" in warned("symmetric log grid, 10% steps")
+
+
+def test_r_style_na_cells_in_a_numeric_csv_column_are_missing():
+    # README ("A table's schema"): R's write.csv writes NA for a missing number; it reads as
+    # missing (null), as an empty cell does, not as "not a number".
+    from beam_dp import data
+    batch = pa.RecordBatch.from_arrays([pa.array(["1.5", "NA", "", "N/A", "NULL", "nan"])],
+                                       names=["Ozone"])
+    parsed = data._parse_csv_batch("t.csv", batch, 0).column(0)
+    assert parsed.to_pylist()[0] == 1.5
+    assert all(v is None or math.isnan(v) for v in parsed.to_pylist()[1:])
+
+
+def test_the_fills_float_noise_is_refused_by_noise_secure_and_said_by_default(tmp_path):
+    # --noise secure insists on integer noise on exact sums; the fills' releases have float
+    # noise (Gumbel-max, numpy's Laplace): it had let them through silently.
+    table, _ = _table(2000, seed=7)
+    common = dict(input=_write(table, tmp_path), label_column="y", model="linear",
+                  bounds={"x2": [0.0, 1000.0]}, epsilon=1.0, seed=1, runner="local")
+    for policy in ("median", "mean"):
+        with pytest.raises(ValueError, match="imputation adds float noise"):
+            _train(missing={"x2": policy}, noise="secure", **common)
+    model = _train(missing={"x2": "mean"}, **common)
+    assert noisy_gd.IMPUTE_FLOAT_NOTE in model.privacy_report["accounting_notes"]
+    event = [m for m in model.privacy_report["mechanisms"] if m["name"] == "laplace_imputation_mean"]
+    assert event[0]["noise"] == "float Laplace (numpy)"
+    plain = _train(missing={"x2": "constant:0"}, **common)   # (no fill released: no note)
+    assert noisy_gd.IMPUTE_FLOAT_NOTE not in plain.privacy_report["accounting_notes"]

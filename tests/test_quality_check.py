@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import beam_dp
-from beam_dp import api, cli, quality, synthetic
+from beam_dp import api, cli, losses, quality, synthetic
 from beam_dp.algorithms import noisy_gd, registry
 
 
@@ -61,7 +61,8 @@ def test_useless_model_cli_warns_on_stderr_and_writes_the_model(small_binary, tm
     assert code == 0
     report = json.loads((out / "privacy_report.json").read_text())
     assert report["quality_check"]["status"] in ("not_better", "inconclusive")
-    assert f"beam-dp: warning: {quality.warning_text(report['quality_check'])}" in err
+    text = quality.warning_text(report["quality_check"], report["hyperparameters"]["values"])
+    assert f"beam-dp: warning: {text}" in err
     assert "Private quality check" in (out / "report.html").read_text()
 
 
@@ -206,3 +207,31 @@ def test_tiny_data_is_inconclusive_not_refused(model_name):
         model, caught = _train(x, y, model=model_name, epsilon=1.0, seed=seed)
         assert model.privacy_report["quality_check"]["status"] == "inconclusive"
         assert len(caught) == 1 and "cannot tell" in str(caught[0].message)
+
+
+def test_the_warnings_advice_fits_the_runs_options():
+    # Every run was told to "try --scale-features auto": dpgd's default already, and a flag that
+    # ssp or heavy-tailed-md does not have.
+    assert quality.advice({"clip_norm": 1.0, "scale_features": "auto"}) == (
+        "try declared column ranges (the schema's bounds), another --clip-norm or learning rate, "
+        "or more epsilon")
+    assert "--scale-features auto" in quality.advice({"clip_norm": 1.0, "scale_features": "none"})
+    for values in ({"label_bound": 4.0, "ridge": None}, None):   # ssp; a report without values
+        text = quality.advice(values)
+        assert "--scale-features" not in text and "--clip-norm" not in text
+        assert text.startswith("try standardized columns")
+
+
+def test_the_largest_label_bound_gives_finite_noise_stds():
+    # At --quality-label-bound 1e150 (the largest allowed) the gradients' entries are ~3e300:
+    # np.linalg.norm squared them to inf, and privacy_report.json held "noise_std": Infinity.
+    loss = losses.make_loss("linear")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)   # no overflow on the way either
+        report = quality.verdict(loss, np.array([10.0, -30.0, 900.0]), 80.0, 1e150, 3000.0)
+    stds = [report[k]["noise_std"] for k in ("model", "constant", "constant_minus_model")]
+    assert all(math.isfinite(s) and s > 0 for s in stds)
+    # The same figures in units of L^2 as at L = 1 (the std scales with L^2).
+    unit = quality.verdict(loss, np.array([10.0, -30.0, 900.0]), 80.0, 1.0, 3000.0)
+    assert report["model"]["noise_std"] == pytest.approx(unit["model"]["noise_std"] * 1e300)
+    json.loads(json.dumps(report, allow_nan=False))

@@ -1209,6 +1209,14 @@ def _column_scaling(options, problem: Problem, aggregator, seed: int, ledger):
         if why:
             raise ValueError(f"median/mean imputation is not available with {why}: use "
                              "constant:V or indicator for those columns")
+        # The fills' releases draw numpy's float noise (the median's Gumbel-max exponential
+        # mechanism, the mean's Laplace on float sums): --noise secure, which insists on integer
+        # noise on exact sums, refuses them (as adaptive clipping); the default says so.
+        if problem.privacy.noise == "secure":
+            raise ValueError("median/mean imputation adds float noise (its fills' releases are "
+                             "not built on exact sums); use --noise float or leave --noise out")
+        if IMPUTE_FLOAT_NOTE not in ledger.notes:
+            ledger.notes.append(IMPUTE_FLOAT_NOTE)
     if problem.privacy_unit is not None and choice == "auto":
         choice = "none"   # the quantiles bound one row's influence, not one user's: declared only
     declared = problem.source.get("bounds") or {"columns": [], "label": None}
@@ -1373,6 +1381,9 @@ def _column_scaling(options, problem: Problem, aggregator, seed: int, ledger):
 
 
 _IMPUTE_STREAM = 13
+IMPUTE_FLOAT_NOTE = ("median/mean imputation: the fills' releases add numpy's float noise (the "
+                     "median's exponential mechanism by Gumbel-max, the mean's Laplace on float "
+                     "sums); the other releases keep their own noise")
 
 
 def _imputed(problem: Problem) -> list:
