@@ -219,3 +219,17 @@ def test_without_an_intercept_ranges_scale_about_zero_and_never_shift(tmp_path):
     assert recorded["low"][0] == -recorded["high"][0] > -60_000, recorded
     assert recorded["label"][0] == -recorded["label"][1], recorded
     assert np.sqrt(np.mean((private.decision_function(x) - y) ** 2)) < 0.4 * np.std(y)
+
+
+def test_private_ranges_use_the_run_s_noise_kind(tmp_path):
+    """Secure runs (the default) release the ranges by the exactly sampled exponential mechanism;
+    --noise float by numpy's Gumbel-max (no float release inside a secure run)."""
+    from beam_dp import stats
+    path, _, _ = _table(tmp_path, n=20_000)
+    for noise, expected in ((None, stats.SECURE_QUANTILE_NOISE), ("float", None)):
+        model = _train(input=path, label_column="y", model="linear", epsilon=1.0, seed=5,
+                       runner="local", noise=noise, bounds={"x1": [0, 1]},
+                       scale_features="private", steps=3)
+        quantiles = _mechanisms(model)["exponential_mechanism_quantile"]
+        assert quantiles.get("noise") == expected, quantiles
+        assert model.privacy_report["epsilon"] <= 1.0 + 1e-9

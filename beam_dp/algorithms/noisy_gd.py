@@ -1269,7 +1269,10 @@ def _column_scaling(options, problem: Problem, aggregator, seed: int, ledger):
             "column_bounds", stats.Selected(private_columns, private_label), stats.FixedGrid(grid),
             released, SCALE_GRID_SIZE, SCALE_QUANTILES, per_release, stats.stages_seed(seed),
             (_SCALE_STREAM,), margin=stats.quantile_rank_error_bound(SCALE_GRID_SIZE, per_release,
-                                                                      0.05))
+                                                                      0.05),
+            # The run's noise kind: secure unless float was asked for (as the steps' default),
+            # so the ranges are no float release inside a secure run.
+            noise="float" if problem.privacy.noise == "float" else "secure")
 
     def preprocess(n: int) -> dict:
         out = {"declared_bounds": declared} if fixed or declared["label"] is not None else {}
