@@ -280,6 +280,11 @@ def _add_tune_parser(sub, argv):
     group.add_argument("--score-share", type=float, default=tuning.DEFAULT_SCORE_SHARE,
                        help="share of each candidate's budget (of its 1 / sigma^2) spent on its "
                             "score")
+    from beam_dp import quality
+    registry.add_arguments(tune.add_argument_group(
+        "quality check", "train's private comparison with the best constant predictor, run once "
+        "on the chosen model over the training rows, within the run's epsilon (see README)."),
+        quality.QualityOptions)
     for name, chosen in registry.algorithms().items():
         if name == _requested_algorithm(list(argv or [])) and name in tuning.TUNABLE:
             fixed = tune.add_argument_group(f"{name} options (fixed for every candidate)")
@@ -324,7 +329,11 @@ def _tune(args) -> int:
             hash_seed=args.hash_seed, vocabulary=args.vocabulary, schema=args.schema,
             label_classes=args.label_classes, positive_class=args.positive_class,
             missing=_missing_policies(args.missing), ignore_columns=args.ignore_columns,
+            quality_check=args.quality_check, quality_epsilon=args.quality_epsilon,
+            quality_label_bound=args.quality_label_bound,
             progress=lambda message: print(f"beam-dp: {message}", file=sys.stderr), **options)
+    for warning in model.privacy_report.get("warnings", []):   # (the quality check's, as train's)
+        print(f"beam-dp: warning: {warning}", file=sys.stderr)
     _stop_if_interrupted()
     _write_outputs(args, {"model.json": report.json_text(model.artifact),
                           "privacy_report.json": report.json_text(model.privacy_report),

@@ -48,6 +48,15 @@ quantiles are released once, before the candidates, from the training rows (pure
 and every candidate trains on the same scaled columns: the map is recorded in the chosen
 model.json as ``beam-dp train`` records it.
 
+After the selection, train's private quality check (``beam_dp.quality``) runs once on the
+chosen model over the training rows (``_check_chosen``; ``quality_check`` "off" skips it): one
+more Gaussian release composed outside the selection like the count and the ranges, its
+multiplier fixed from public constants by ``quality.reserve`` (its share of epsilon,
+``quality_epsilon``, default a twentieth, calibrated alone) and recorded in the ledger before
+anything else, so the run's event gains a ``GaussianDpEvent(quality_multiplier)`` beside the
+count. Its verdict acts as in train: "not better" or "inconclusive" warns (QualityWarning, the
+report's warnings), "much worse" raises ModelQualityError and nothing is returned.
+
 sigma is calibrated (dp_accounting's RDP accountant) so that this event meets the requested
 (epsilon, delta); the ledger's epsilon of it is the reported one.
 
@@ -86,7 +95,7 @@ from beam_dp.algorithms import registry
 
 # Stream ids under the root seed (``mechanisms.secure_generator``): "tune" and a sub-stream.
 _STREAM = 0x74756E65
-_K, _SETTINGS, _SPLIT, _COUNT, _SCORE, _TRAIN, _SCALE = range(7)
+_K, _SETTINGS, _SPLIT, _COUNT, _SCORE, _TRAIN, _SCALE, _QUALITY = range(8)
 
 # The algorithms tuning supports, and for each the options a grid may vary: those that change
 # neither the privacy cost nor the releases (the candidate's ledger is checked anyway).
@@ -108,7 +117,8 @@ RELATIVE_TO_DEFAULT_STEP = {"dpgd": ("learning_rate",)}
 MAX_SETTINGS = 10_000
 # The number of candidates: logarithmic (shape 0) of mean 3. Each candidate's Gaussian multiplier
 # (training and score together) by dp_accounting's RDP accountant at (1, 1e-5), against 4.05 for
-# one Gaussian release at the same budget (``plan``):
+# one Gaussian release at the same budget (``plan``), with the quality check off (with it on at
+# its default share, 5.63 6.07 6.54 7.06 and 6.30 6.99 7.73 8.59: README):
 #     mean        2     3     5    10
 #     shape 0   5.61  6.06  6.51  7.04      P[K = 1]: 0.57 0.45 0.35 0.27
 #     shape 1   6.28  6.97  7.70  8.55      P[K = 1]: 0.50 0.33 0.20 0.10
@@ -296,6 +306,9 @@ class Plan:
     mean: float
     shape: float
     scale_epsilon: float = 0.0   # the columns' quantiles, released once (0: no scaling)
+    # The chosen model's private quality check (``quality.reserve``): its Gaussian multiplier,
+    # released once after the selection, outside it (0: quality_check "off").
+    quality_multiplier: float = 0.0
 
     def candidate_event(self) -> events.DpEvent:
         return events.ComposedDpEvent([events.GaussianDpEvent(self.sigma_train),
@@ -314,14 +327,19 @@ class Plan:
         first = [self.count_event()]
         if self.scale_epsilon:
             first.append(accounting.PureDpEvent(self.scale_epsilon))
+        if self.quality_multiplier:
+            first.append(events.GaussianDpEvent(self.quality_multiplier))
         return events.ComposedDpEvent(first + [self.selection_event()])
 
 
 def plan(epsilon: float, delta: float, mean: float = DEFAULT_MEAN_CANDIDATES,
          shape: float = DEFAULT_SHAPE, score_share: float = DEFAULT_SCORE_SHARE,
-         count_epsilon: float | None = None, scale_epsilon: float = 0.0) -> Plan:
+         count_epsilon: float | None = None, scale_epsilon: float = 0.0,
+         quality_multiplier: float = 0.0) -> Plan:
     """The smallest candidate noise (within accounting.CALIBRATION_TOLERANCE) whose whole run
-    (``Plan.event``) meets (epsilon, delta) by dp_accounting's RDP accountant."""
+    (``Plan.event``) meets (epsilon, delta) by dp_accounting's RDP accountant.
+    ``quality_multiplier``: the chosen model's quality check's Gaussian multiplier (0: none),
+    one more fixed release beside the count and the ranges."""
     check_repetitions(mean, shape)
     if not (epsilon > 0 and math.isfinite(epsilon)):
         raise ValueError("epsilon must be a positive number")
@@ -335,9 +353,20 @@ def plan(epsilon: float, delta: float, mean: float = DEFAULT_MEAN_CANDIDATES,
     if not (0 <= scale_epsilon and count_epsilon + scale_epsilon < epsilon):
         raise ValueError("scale_epsilon is a share of epsilon: with the count's it must be smaller")
 
+    if not (quality_multiplier == 0 or (quality_multiplier > 0 and math.isfinite(quality_multiplier))):
+        raise ValueError("the quality check's multiplier must be positive (0: no check)")
+    fixed = [accounting.laplace_count_event(count_epsilon)] + (
+        [accounting.PureDpEvent(scale_epsilon)] if scale_epsilon else []) + (
+        [events.GaussianDpEvent(quality_multiplier)] if quality_multiplier else [])
+    if accounting.epsilon_of(events.ComposedDpEvent(fixed), delta, "rdp") >= epsilon:
+        raise ValueError("the count, the ranges and the quality check leave nothing of epsilon "
+                         "for the candidates: lower their shares (count_epsilon, scale_epsilon, "
+                         "quality_epsilon)")
+
     def make(sigma: float) -> Plan:
         return Plan(sigma / math.sqrt(1.0 - score_share), sigma / math.sqrt(score_share),
-                    count_epsilon, float(mean), float(shape), float(scale_epsilon))
+                    count_epsilon, float(mean), float(shape), float(scale_epsilon),
+                    float(quality_multiplier))
 
     sigma = accounting.calibrate_noise_multiplier(lambda s: make(s).event(), epsilon, delta,
                                                   accountant="rdp", guess=3.0 * math.sqrt(mean))
@@ -424,6 +453,7 @@ class _Data:
     """Filled by the first candidate's read of the input (``_Splitter``)."""
 
     held: list | None = None
+    train: list | None = None          # the training rows (the quality check reads them)
     train_size: float | None = None    # noisy, released
     held_size: float | None = None
     bounds: dict | None = None         # the declared and released ranges (None: none)
@@ -456,6 +486,7 @@ class _Splitter:
         if not train:
             raise data.DataError("tuning: no rows left to train on")
         if self.state.train_size is None:
+            self.state.train = train
             if self.validation is None and self.fraction == 0:
                 # Scored on the training rows themselves: one count, the same rows.
                 self._release_sizes(sum(len(b) for b in train), None)
@@ -520,7 +551,9 @@ def tune(X=None, y=None, *, input=None, validation=None, algorithm: str = "dpgd"
          default_share: float = DEFAULT_SETTING_SHARE, score: str = "loss", score_bound_: float | None = None,
          score_share: float = DEFAULT_SCORE_SHARE, count_epsilon: float | None = None,
          seed: int | None = None, noise: str | None = None,
-         progress: Callable[[str], None] | None = None, **fixed):
+         progress: Callable[[str], None] | None = None, quality_check: str = "on",
+         quality_epsilon: float | None = None, quality_label_bound: float | None = None,
+         **fixed):
     """Private selection of one setting of ``grid`` (see the module docstring); returns the
     chosen ``api.Model`` whose ``privacy_report`` accounts for the whole tuning (RDP) and whose
     ``tuning`` holds the grid, the chosen setting and its noisy score. ``X, y`` or ``input``
@@ -531,8 +564,10 @@ def tune(X=None, y=None, *, input=None, validation=None, algorithm: str = "dpgd"
     or ["option=v1,v2", ...]; None: ``DEFAULT_GRIDS[algorithm]``. ``score_bound_`` (the CLI's
     --score-bound): see ``row_scores``. ``fixed``: ``beam_dp.train``'s other keywords and the
     algorithm's fixed options. ``progress(message)``: run-level messages only (nothing per
-    candidate: K is secret)."""
-    from beam_dp import api
+    candidate: K is secret). ``quality_check`` / ``quality_epsilon`` / ``quality_label_bound``:
+    train's private quality check (``beam_dp.quality``), run once on the chosen model over the
+    training rows (``_check_chosen``)."""
+    from beam_dp import api, quality
 
     for name in ("noise_multiplier", "accountant", "num_examples", "runner", "checkpoint_dir",
                  "warm_start", "max_jobs", "budget_gate", "steps_per_job", "pipeline_args"):
@@ -576,10 +611,23 @@ def tune(X=None, y=None, *, input=None, validation=None, algorithm: str = "dpgd"
     bound = score_bound(loss, score, score_bound_)
     if scale_features != "none" and "feature_norm" in grid:
         raise ValueError("--grid feature_norm and --scale-features: choose one")
-    the_plan = plan(epsilon, delta, mean_candidates, shape, score_share, count_epsilon,
-                    scale_epsilon or 0.0)
-    root = seed if seed is not None else mechanisms.secure_seed()
+    quality_options = registry.make_options(quality.QualityOptions, dict(
+        quality_check=quality_check, quality_epsilon=quality_epsilon,
+        quality_label_bound=quality_label_bound))
     ledger = accounting.Ledger("rdp", chosen.relation)
+    check = None
+    if quality_options.quality_check == "on":
+        # As train reserves it: its noise from public constants (its share alone calibrated by
+        # the ledger's accountant, RDP here), recorded before any release; the plan then fits
+        # the candidates' noise around it. Float noise, as the candidates'.
+        check = quality.reserve(ledger, loss, registry.Privacy(epsilon=epsilon, delta=delta,
+                                                               accountant="rdp"),
+                                epsilon=quality_options.quality_epsilon,
+                                label_bound=quality_options.quality_label_bound, secure=False)
+    the_plan = plan(epsilon, delta, mean_candidates, shape, score_share, count_epsilon,
+                    scale_epsilon or 0.0,
+                    check.noise_multiplier if check is not None else 0.0)
+    root = seed if seed is not None else mechanisms.secure_seed()
     split_key = mechanisms.stream_key(root, _STREAM, _SPLIT) % (1 << 128)
     state = _Data()
     validation_reader = None
@@ -648,11 +696,48 @@ def tune(X=None, y=None, *, input=None, validation=None, algorithm: str = "dpgd"
                                    "epsilon", "values": {**options, **setting,
                                                                 "scale_features": scale_features},
                          "tuning": tuning})
+    if check is None:
+        checked = {"status": "off", "reason": "quality_check off (--quality-check off)"}
+    else:
+        checked = _check_chosen(quality, check, loss, chosen_model, state, quality_options,
+                                mechanisms.stream_key(root, _STREAM, _QUALITY) % (1 << 128))
+    if checked.get("status") == "much_worse":
+        raise quality.ModelQualityError(quality.refusal_text(checked))
+    privacy["quality_check"] = checked
+    if checked.get("status") in ("not_better", "inconclusive"):
+        message = quality.warning_text(checked, privacy["hyperparameters"]["values"])
+        privacy.setdefault("warnings", []).append(message)
+        warnings.warn(message, api.QualityWarning, stacklevel=2)
     chosen_model.privacy_report = privacy
     chosen_model.tuning = tuning
     say(f"chose {setting}: noisy score {tuning['chosen_noisy_score']:.4g}; epsilon "
         f"{privacy['epsilon']:.4g}")
     return chosen_model
+
+
+def _check_chosen(quality, check, loss, model, state: _Data, quality_options, seed) -> dict:
+    """train's private quality check on the chosen model over the training rows: the release
+    ``check`` reserved in the tuning's ledger (outside the selection: it reads the one released
+    model), its verdict by ``quality.verdict`` against the noisy count of training rows. A
+    regression's L: the label range the chosen candidate trained with (public: declared or
+    released), as train takes it, unless ``quality_label_bound`` is given."""
+    from beam_dp.local import LocalAggregator
+    label_range = (model.privacy_report.get("preprocessing") or {}).get("label_range")
+    if check.label_bound is not None and label_range and quality_options.quality_label_bound is None:
+        check = dataclasses.replace(check, label_bound=float(max(abs(v) for v in label_range)))
+    stage = check.stage(loss, model.theta, model.artifact.get("feature_transform"), seed)
+    noisy = LocalAggregator(state.train).run_stages([stage], {})[stage.key]
+    checked = quality.verdict(loss, noisy, check.noise_multiplier, check.label_bound,
+                              state.train_size, check.relation)
+    checked.update(
+        covered_by_privacy_guarantee=True,
+        note=(f"noisy sums over the training rows: DP releases ({quality.RELEASE} in the "
+              "ledger), counted in the run's epsilon; never exact values"),
+        noise_multiplier=check.noise_multiplier, epsilon_share=check.epsilon_share,
+        noise=check.noise)
+    if check.label_bound is not None:
+        checked["label_bound"] = check.label_bound
+    return checked
 
 
 def _validation_reader(files, batch_rows):

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import beam_dp
-from beam_dp import accounting, synthetic, tuning
+from beam_dp import accounting, losses, synthetic, tuning
+from beam_dp.api import ModelQualityError, QualityWarning
 from beam_dp.cli import main
 
 EPSILON, DELTA = 1.0, 1e-5
@@ -275,7 +276,8 @@ def test_private_scaling_is_released_once_and_recorded_in_the_model():
     names = [m["name"] for m in report["mechanisms"]]
     assert names[-1] == "repeat_and_select_best_candidate"
     scaling = [m for m in report["mechanisms"] if m["name"] not in (
-        "repeat_and_select_best_candidate", "laplace_count_of_training_rows")]
+        "repeat_and_select_best_candidate", "laplace_count_of_training_rows",
+        "gaussian_model_quality_sums")]
     assert scaling and sum(m["count"] for m in scaling) == 2 * X.shape[1]   # 2 quantiles a column
     assert "scale_columns" in model.artifact["feature_transform"]
     assert model.score(X, y) > 0.7   # it predicts from raw features
@@ -332,3 +334,87 @@ def test_estimator_tune_parameter(monkeypatch):
     assert clf.score(X, y) > 0.7
     with pytest.raises(ValueError, match="num_examples"):
         DPLinearRegression(tune=True, num_examples=100).fit(X, y)
+
+
+# ------------------------------------------------------- the chosen model's private quality check
+
+def test_plan_composes_the_quality_check_outside_the_selection_and_meets_the_target():
+    """The check is one more fixed release beside the count (its Gaussian, spelled out here):
+    the run meets (epsilon, delta) by RDP with it, and the candidates get less of the budget."""
+    from dp_accounting import dp_event as events
+    from beam_dp import quality
+    ledger = accounting.Ledger("rdp", accounting.ADD_REMOVE)
+    from beam_dp.algorithms import registry
+    check = quality.reserve(ledger, losses.make_loss("linear"),
+                            registry.Privacy(epsilon=EPSILON, delta=DELTA, accountant="rdp"),
+                            epsilon=None, label_bound=None, secure=False)
+    with_check = tuning.plan(EPSILON, DELTA, quality_multiplier=check.noise_multiplier)
+    without = tuning.plan(EPSILON, DELTA)
+    assert with_check.quality_multiplier == check.noise_multiplier
+    run = events.ComposedDpEvent([
+        events.LaplaceDpEvent(1.0 / with_check.count_epsilon),
+        events.GaussianDpEvent(check.noise_multiplier),
+        events.RepeatAndSelectDpEvent(with_check.candidate_event(), 3.0, 0.0)])
+    spent = accounting.epsilon_of(run, DELTA, "rdp")
+    assert EPSILON * (1 - accounting.CALIBRATION_TOLERANCE) <= spent <= EPSILON
+    assert with_check.sigma_train > without.sigma_train   # the check's share is not free
+
+
+def test_tune_checks_the_chosen_model_and_leaves_a_good_one_unflagged():
+    """A good tune (seeded, n large enough for the check to be informative): status better, no
+    QualityWarning, the check's release in the ledger once; off: no release, status off."""
+    import warnings as warnings_module
+    X, y = _data(n=20000, d=4, seed=5)
+    with warnings_module.catch_warnings():
+        warnings_module.simplefilter("error", QualityWarning)
+        model = beam_dp.tune(X, y, epsilon=EPSILON, seed=6, grid={"clip_norm": (0.5, 1.0)},
+                             steps=20)
+    report = model.privacy_report
+    assert report["quality_check"]["status"] == "better"
+    assert report["quality_check"]["epsilon_share"] == pytest.approx(0.05 * EPSILON)
+    names = [m["name"] for m in report["mechanisms"]]
+    assert names.count("gaussian_model_quality_sums") == 1
+    assert "warnings" not in report
+    assert report["epsilon"] <= EPSILON
+    off = beam_dp.tune(X, y, epsilon=EPSILON, seed=6, grid={"clip_norm": (0.5, 1.0)}, steps=20,
+                       quality_check="off")
+    assert off.privacy_report["quality_check"]["status"] == "off"
+    assert "gaussian_model_quality_sums" not in [m["name"] for m in
+                                                 off.privacy_report["mechanisms"]]
+    assert off.privacy_report["epsilon"] <= EPSILON
+    # the freed share goes to the candidates
+    assert off.privacy_report["noise_multiplier"] < report["noise_multiplier"]
+
+
+def _useless_regression(n=20000, seed=0):
+    """A regression whose labels sit far from 0 while every setting of the grid below leaves
+    the model near 0: all candidates are far worse than the constant."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, 3))
+    return X, 3.5 + 0.1 * rng.normal(size=n)
+
+
+def test_tune_refuses_a_chosen_model_much_worse_than_a_constant(tmp_path, capsys):
+    X, y = _useless_regression()
+    grid = {"clip_norm": (1e-4, 1e-3), "learning_rate": (1e-3, 1e-2)}
+    with pytest.raises(ModelQualityError, match="much worse than a constant"):
+        beam_dp.tune(X, y, model="linear", epsilon=EPSILON, seed=1, grid=grid, steps=10,
+                     score_bound_=5.0, scale_features="none")
+    # the CLI: exit code 6 and nothing written
+    import pandas as pd
+    frame = pd.DataFrame(X, columns=["a", "b", "c"]).assign(label=y)
+    frame.to_csv(tmp_path / "rows.csv", index=False)
+    out = tmp_path / "out"
+    code = main(["tune", "--input", str(tmp_path / "rows.csv"), "--output", str(out),
+                 "--model", "linear", "--epsilon", "1", "--seed", "1", "--score-bound", "5",
+                 "--scale-features", "none", "--steps", "10",
+                 "--grid", "clip-norm=0.0001,0.001", "--grid", "learning-rate=0.001,0.01"])
+    assert code == 6, capsys.readouterr().err
+    assert not out.exists()
+    # a bound that makes the constant's error as noisy as the model's: a warning, not a refusal
+    with pytest.warns(QualityWarning):
+        model = beam_dp.tune(X, y, model="linear", epsilon=EPSILON, seed=1, grid=grid,
+                             steps=10, score_bound_=5.0, scale_features="none",
+                             quality_label_bound=1e4)
+    assert model.privacy_report["quality_check"]["status"] in ("not_better", "inconclusive")
+    assert model.privacy_report["warnings"]
