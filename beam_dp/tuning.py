@@ -649,11 +649,20 @@ def tune(X=None, y=None, *, input=None, validation=None, algorithm: str = "dpgd"
     best = None
     for i in range(k):
         setting = settings[draw_setting(picker, law)]
-        candidate, steps = _train_candidate(api, X, y, input, algorithm, model, delta, the_plan, setting,
-                                     options, fixed, splitter, mechanisms.stream_key(
-                                         root, _STREAM, _TRAIN, i) % (1 << 128))
-        noisy = _noisy_score(candidate, state, loss, score, bound, the_plan,
-                             mechanisms.secure_generator(root, _STREAM, _SCORE, i))
+        try:
+            candidate, steps = _train_candidate(api, X, y, input, algorithm, model, delta,
+                                                the_plan, setting, options, fixed, splitter,
+                                                mechanisms.stream_key(root, _STREAM, _TRAIN, i)
+                                                % (1 << 128))
+        except quality.ModelQualityError:
+            # A candidate whose coefficients are not finite scores lowest: it is released only
+            # if every candidate diverged, and then refused below. Stopping here would reveal a
+            # candidate that is never released (and that this many ran), outside the
+            # selection's accounting.
+            candidate, steps = None, None
+        noisy = -math.inf if candidate is None else _noisy_score(
+            candidate, state, loss, score, bound, the_plan,
+            mechanisms.secure_generator(root, _STREAM, _SCORE, i))
         if best is None or noisy > best[0]:
             best = (noisy, setting, candidate, steps)
     # The releases: the counts (recorded by the splitter) and the selection.
@@ -662,6 +671,10 @@ def tune(X=None, y=None, *, input=None, validation=None, algorithm: str = "dpgd"
                   training_noise_multiplier=the_plan.sigma_train,
                   score_noise_std=the_plan.sigma_score)
     noisy, setting, chosen_model, steps = best
+    if chosen_model is None:   # every candidate diverged: no model (as train's check refuses)
+        raise quality.ModelQualityError(
+            "beam-dp tune: the chosen model's coefficients are not finite (it diverged); "
+            "nothing was written: try a smaller --grid of learning rates or clip norms")
     tuning = {
         "method": "random stopping, Papernot & Steinke 2022 (dp_accounting "
                   "RepeatAndSelectDpEvent, RDP accountant)",

@@ -418,3 +418,28 @@ def test_tune_refuses_a_chosen_model_much_worse_than_a_constant(tmp_path, capsys
                              quality_label_bound=1e4)
     assert model.privacy_report["quality_check"]["status"] in ("not_better", "inconclusive")
     assert model.privacy_report["warnings"]
+
+
+def test_a_diverged_candidate_scores_lowest_and_never_stops_the_loop(monkeypatch):
+    """A candidate whose coefficients are not finite is not an exception out of the loop (that
+    would reveal a candidate never released, and that this many ran): it scores lowest, and only
+    when every candidate diverged is the run refused, after the selection."""
+    X, y = _data(n=2000)
+    original = tuning._train_candidate
+    tried = []
+
+    def diverging(api, X, y, input, algorithm, model, delta, the_plan, setting, *rest):
+        tried.append(setting["learning_rate"])
+        if setting["learning_rate"] == 0.5:
+            raise ModelQualityError("the model's coefficients are not finite")
+        return original(api, X, y, input, algorithm, model, delta, the_plan, setting, *rest)
+
+    monkeypatch.setattr(tuning, "_train_candidate", diverging)
+    # (seed 5 draws K = 2: the diverging setting first, then the default)
+    model = beam_dp.tune(X, y, epsilon=EPSILON, seed=5, grid={"learning_rate": (0.5, 1.0)},
+                         mean_candidates=10, batch_rows=500)
+    assert tried == [0.5, 1.0]
+    assert model.tuning["chosen"] == {"learning_rate": 1.0}
+    with pytest.raises(ModelQualityError, match="not finite"):
+        beam_dp.tune(X, y, epsilon=EPSILON, seed=2, grid={"learning_rate": (0.5,)},
+                     batch_rows=500)
