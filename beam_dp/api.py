@@ -335,16 +335,8 @@ def _run(X, y, *, input, algorithm, model, epsilon, delta, noise_multiplier, acc
                 stage = check.stage(loss, result.theta, result.feature_transform, run_seed)
                 noisy = aggregator.run_stages([stage], {})[stage.key]
                 quality.save(problem.checkpoint_dir, result.theta, check, noisy)
-            checked = quality.verdict(loss, noisy, check.noise_multiplier, check.label_bound,
-                                      result.dataset_size["value"], check.relation)
-            checked.update(
-                covered_by_privacy_guarantee=True,
-                note=(f"noisy sums over the training data: DP releases ({quality.RELEASE} in the "
-                      "ledger), counted in the run's epsilon; never exact values"),
-                noise_multiplier=check.noise_multiplier, epsilon_share=check.epsilon_share,
-                noise=check.noise)
-            if check.label_bound is not None:
-                checked["label_bound"] = check.label_bound
+            checked = quality.judged(loss, noisy, check, result.dataset_size["value"],
+                                     "the training data")
     finally:
         aggregator.close()
     return _Run(result, ledger, chosen, algorithm_options, privacy, loss, list(feature_columns),

@@ -357,6 +357,21 @@ def _std(tau: float, gradient) -> float:
     return float(tau * top * np.linalg.norm(g / top)) if top > 0 else 0.0
 
 
+def judged(loss, noisy, check, n: float, over: str) -> dict:
+    """``verdict`` on the check's released sums (``n`` the released count of rows, or users),
+    with what the report says of them; ``over``: which rows were summed, in words."""
+    checked = verdict(loss, noisy, check.noise_multiplier, check.label_bound, n, check.relation)
+    checked.update(
+        covered_by_privacy_guarantee=True,
+        note=(f"noisy sums over {over}: DP releases ({RELEASE} in the ledger), counted in the "
+              "run's epsilon; never exact values"),
+        noise_multiplier=check.noise_multiplier, epsilon_share=check.epsilon_share,
+        noise=check.noise)
+    if check.label_bound is not None:
+        checked["label_bound"] = check.label_bound
+    return checked
+
+
 def verdict(loss: losses.GlmLoss, noisy: np.ndarray, noise_multiplier: float,
             label_bound: float | None, n: float,
             relation: str = accounting.ADD_REMOVE) -> dict:

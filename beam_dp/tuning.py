@@ -740,17 +740,7 @@ def _check_chosen(quality, check, loss, model, state: _Data, quality_options, se
         check = dataclasses.replace(check, label_bound=float(max(abs(v) for v in label_range)))
     stage = check.stage(loss, model.theta, model.artifact.get("feature_transform"), seed)
     noisy = LocalAggregator(state.train).run_stages([stage], {})[stage.key]
-    checked = quality.verdict(loss, noisy, check.noise_multiplier, check.label_bound,
-                              state.train_size, check.relation)
-    checked.update(
-        covered_by_privacy_guarantee=True,
-        note=(f"noisy sums over the training rows: DP releases ({quality.RELEASE} in the "
-              "ledger), counted in the run's epsilon; never exact values"),
-        noise_multiplier=check.noise_multiplier, epsilon_share=check.epsilon_share,
-        noise=check.noise)
-    if check.label_bound is not None:
-        checked["label_bound"] = check.label_bound
-    return checked
+    return quality.judged(loss, noisy, check, state.train_size, "the training rows")
 
 
 def _validation_reader(files, batch_rows):

@@ -18,7 +18,7 @@ from beam_dp.algorithms.base import TrainState
 from beam_dp.data import Block
 from beam_dp.sampling import PoissonSampler
 
-HEAVY = "heavy-user-7"
+from test_user_level import HEAVY, user_table  # noqa: F401 (the fixture)
 
 
 def _keys(values) -> np.ndarray:
@@ -101,19 +101,9 @@ def test_users_are_sampled_whole_at_rate_q():
 
 
 @pytest.fixture(scope="module")
-def user_table(tmp_path_factory):
-    """Two Parquet shards: ~600 light users and one user holding 1,000 rows split over both."""
-    directory = tmp_path_factory.mktemp("users")
-    n, d = 4000, 4
-    x, y = synthetic.make_dataset("binary", n, d, seed=5)
-    rng = np.random.default_rng(6)
-    users = np.array([f"u{u}" for u in rng.integers(0, 600, n)], dtype=object)
-    users[rng.choice(n, 1000, replace=False)] = HEAVY
-    for i, rows in enumerate((slice(0, n // 2), slice(n // 2, n))):
-        columns = {f"x{j}": x[rows, j] for j in range(d)}
-        columns.update(label=y[rows], user_id=users[rows].astype(str))
-        data.write_table(str(directory / f"train-{i}.parquet"), columns)
-    return str(directory / "train-*.parquet")
+def users_pattern(user_table):  # noqa: F811 (the imported fixture)
+    """test_user_level's table: ~600 light users and one holding 1,000 rows over two shards."""
+    return user_table[0]
 
 
 def _train(pattern, **kw):
@@ -123,8 +113,8 @@ def _train(pattern, **kw):
     return beam_dp.train(**args)
 
 
-def test_ledger_holds_poisson_sampled_user_steps_within_epsilon(user_table):
-    model = _train(user_table, runner="local", steps=None, epochs=1.0, count_epsilon=0.5,
+def test_ledger_holds_poisson_sampled_user_steps_within_epsilon(users_pattern):
+    model = _train(users_pattern, runner="local", steps=None, epochs=1.0, count_epsilon=0.5,
                    epsilon=2.0)
     report = model.privacy_report
     assert report["neighbouring"] == accounting.USER_ADD_REMOVE
@@ -150,13 +140,13 @@ def test_ledger_holds_poisson_sampled_user_steps_within_epsilon(user_table):
     assert HEAVY not in json.dumps(report) and HEAVY not in json.dumps(model.artifact)
 
 
-def test_in_process_and_beam_give_the_same_model(user_table):
-    local = _train(user_table, runner="local", num_examples=600)
-    on_beam = _train(user_table, num_examples=600)   # Beam's in-process FnApiRunner
+def test_in_process_and_beam_give_the_same_model(users_pattern):
+    local = _train(users_pattern, runner="local", num_examples=600)
+    on_beam = _train(users_pattern, num_examples=600)   # Beam's in-process FnApiRunner
     assert on_beam.privacy_report["sampling"] == "Poisson over users"
     np.testing.assert_allclose(on_beam.theta, local.theta, rtol=1e-9, atol=1e-12)
     # The sampling moves the model: not a full-batch run in disguise.
-    full = _train(user_table, runner="local", num_examples=600, batch_size=600)
+    full = _train(users_pattern, runner="local", num_examples=600, batch_size=600)
     assert full.privacy_report["sampling_probability"] == 1.0
     assert not np.allclose(full.theta, local.theta)
 
