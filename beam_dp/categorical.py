@@ -151,7 +151,9 @@ class Encoding:
         if overlap:
             raise EncodingError(f"column(s) {', '.join(overlap)} are listed as both numeric and categorical")
         if self.categorical and (self.hash_buckets is None) == (self.vocabulary is None):
-            raise EncodingError("categorical columns need exactly one of --hash-buckets or --vocabulary")
+            raise EncodingError("categorical columns need exactly one of --hash-buckets or "
+                                "--vocabulary (in a schema: \"hash_buckets\": N, or "
+                                "\"vocabulary\": a file or {column: [values]})")
         if not self.categorical and (self.hash_buckets is not None or self.vocabulary is not None):
             raise EncodingError("--hash-buckets and --vocabulary need --categorical-columns")
         if self.hash_buckets is not None and not 1 <= self.hash_buckets <= MAX_HASH_BUCKETS:
@@ -396,16 +398,21 @@ def vocabulary_fingerprint(vocabulary) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def read_vocabulary(path: str, columns: Sequence[str]) -> tuple:
-    """A vocabulary file (JSON: column -> list of values) for exactly ``columns``, as the
-    ``Encoding.vocabulary`` tuple. Errors name the file and columns, never a value."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            raw = json.load(f)
-    except FileNotFoundError:
-        raise EncodingError(f"{path}: vocabulary file not found") from None
-    except (OSError, ValueError) as e:
-        raise EncodingError(f"{path}: cannot read the vocabulary ({type(e).__name__})") from None
+def read_vocabulary(path, columns: Sequence[str]) -> tuple:
+    """A vocabulary file (JSON: column -> list of values), or that object itself (a schema's
+    inline ``vocabulary``: a column's few known values, e.g. {"student": ["No", "Yes"]}), for
+    exactly ``columns``, as the ``Encoding.vocabulary`` tuple. Errors name the file and columns,
+    never a value."""
+    if isinstance(path, dict):
+        raw, path = path, "the schema's vocabulary"
+    else:
+        try:
+            with open(path, encoding="utf-8") as f:
+                raw = json.load(f)
+        except FileNotFoundError:
+            raise EncodingError(f"{path}: vocabulary file not found") from None
+        except (OSError, ValueError) as e:
+            raise EncodingError(f"{path}: cannot read the vocabulary ({type(e).__name__})") from None
     if not isinstance(raw, dict):
         raise EncodingError(f"{path}: a vocabulary is a JSON object: column -> list of values")
     if set(raw) != set(columns):

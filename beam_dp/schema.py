@@ -11,7 +11,8 @@ over the file. The file:
       "positive_class": "Yes",                   # class 1 of a binary model (default: the second)
       "numeric": ["balance", "income"],          # feature columns (default: every numeric one)
       "categorical": ["student"],                # string/integer columns (sparse features)
-      "hash_buckets": 64,                        # or "vocabulary": "vocab.json"
+      "hash_buckets": 64,                        # or "vocabulary": "vocab.json", or
+                                                 # {"student": ["No", "Yes"]} inline
       "ignore": ["row_id"],                      # left out of the default feature columns
       "id_columns": ["row_id"],                  # copied into predict's output
       "privacy_unit": "user_id",                 # user-level privacy: the unit's key column
@@ -93,7 +94,12 @@ def from_dict(raw, source: str = "schema") -> dict:
             if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
                 raise SchemaError(f"{source}: 'missing' must map columns to policies "
                                   "(constant:V, indicator, indicator:V, drop, median, mean)")
-        elif key in ("label", "positive_class", "vocabulary", "privacy_unit"):
+        elif key == "vocabulary":
+            # a file, or the values themselves (checked against the columns by the encoding)
+            if not isinstance(value, (str, dict)):
+                raise SchemaError(f"{source}: 'vocabulary' must be a file name or an object "
+                                  "mapping each categorical column to its list of values")
+        elif key in ("label", "positive_class", "privacy_unit"):
             if not isinstance(value, str):
                 raise SchemaError(f"{source}: '{key}' must be a string")
         elif key == "bounds":

@@ -136,6 +136,29 @@ def test_schema_file_keys_and_types_are_checked(tmp_path):
         schema.read(str(tmp_path / "absent.json"))
 
 
+def test_a_schema_declares_a_small_vocabulary_inline(tmp_path):
+    """"vocabulary": {column: [values]} in the schema itself (a file name works as before); the
+    values are public declarations, checked against the categorical columns."""
+    g = np.random.default_rng(3)
+    n = 2000
+    student = g.choice(["No", "Yes"], n)
+    x = g.normal(size=n)
+    y = np.where(x + 1.5 * (student == "Yes") + g.normal(0, 0.3, n) > 0.75, "Yes", "No")
+    path = tmp_path / "t.csv"
+    pa_csv.write_csv(pa.table({"student": student, "x": x, "y": y}), str(path))
+    declared = {"label": "y", "label_classes": ["No", "Yes"], "categorical": ["student"],
+                "vocabulary": {"student": ["No", "Yes"]}}
+    assert schema.from_dict(declared)["vocabulary"] == {"student": ["No", "Yes"]}
+    model = _train(input=str(path), schema=declared, epsilon=1.0, seed=4, runner="local")
+    assert model.artifact["encoding"]["vocabulary"] == {"student": ["No", "Yes"]}
+    truth = np.array(y, dtype=object)
+    assert np.mean(model.predict({"student": student, "x": x}) == truth) > 0.85
+    for bad, match in [({**declared, "vocabulary": ["No", "Yes"]}, "file name or an object"),
+                       ({**declared, "vocabulary": {"other": ["a"]}}, "do not match")]:
+        with pytest.raises((schema.SchemaError, EncodingError), match=match):
+            _train(input=str(path), schema=bad, epsilon=1.0, seed=4, runner="local")
+
+
 # ---------------------------------------------------------------------------- end to end
 
 
