@@ -233,6 +233,17 @@ def _run(X, y, *, input, algorithm, model, epsilon, delta, noise_multiplier, acc
     chosen.check_request(loss, privacy, algorithm_options)   # before any data is read
     if bounding is not None:   # before the input is read and grouped by user
         chosen.check_user_level()
+    if bounds:
+        # A declaration is applied or refused, never silently dropped: only dpgd and dpsgd's
+        # column scaling (noisy_gd._column_scaling) applies declared ranges, on dense features.
+        why = (f"--algorithm {chosen.name}" if chosen.name not in SCALING_ALGORITHMS else
+               "categorical columns (numeric columns next to them are not scaled yet)"
+               if (categorical or {}).get("categorical_columns") else
+               "--feature-norm (another map of the same features)"
+               if getattr(algorithm_options, "feature_norm", None) else None)
+        if why:
+            raise ValueError(f"declared bounds are applied by {' and '.join(SCALING_ALGORITHMS)}'s "
+                             f"column scaling, not with {why}: leave the bounds out")
     if (X is None) == (input is None):
         raise ValueError("give either arrays X, y or input= files")
     encoding = None
@@ -344,6 +355,7 @@ def _run(X, y, *, input, algorithm, model, epsilon, delta, noise_multiplier, acc
 
 
 IMPUTING_ALGORITHMS = ("dpgd", "dpsgd")   # whose private ranges stage releases the fills
+SCALING_ALGORITHMS = ("dpgd", "dpsgd")    # whose column scaling applies declared bounds
 
 
 def _declared_bounds(bounds: dict, dense_names: list, label_column: str, loss,

@@ -140,6 +140,20 @@ def test_bounds_naming_no_column_or_a_class_label_are_refused(tmp_path):
                bounds={"label": [0, 1]})
 
 
+
+def test_bounds_no_scaling_would_apply_are_refused_not_dropped(tmp_path):
+    """Only dpgd and dpsgd's dense column scaling applies declared ranges: elsewhere (another
+    algorithm, categorical columns, --feature-norm) they are refused before any data is read."""
+    path, _, _ = _table(tmp_path, n=200)
+    common = dict(input=path, label_column="y", model="linear", epsilon=1.0, runner="local",
+                  bounds={"x1": [0, 1]})
+    for extra, match in ((dict(algorithm="ssp"), "--algorithm ssp"),
+                         (dict(categorical_columns=["x0"], hash_buckets=4), "categorical"),
+                         (dict(feature_norm=1.0), "--feature-norm")):
+        with pytest.raises(ValueError, match=f"declared bounds .* not with {match}"):
+            _train(**common, **extra)
+
+
 def test_boston_with_declared_bounds_beats_the_constant_predictor(tmp_path):
     """MASS Boston (404 training rows, 13 columns in their own units, the price in $1000s) with
     the ranges its documentation gives: dpgd's defaults at epsilon 1 must beat predicting the
