@@ -232,7 +232,8 @@ def _add_tune_parser(sub, argv):
 
     grids = "; ".join(f"{name}: " + " ".join(
         f"{k}={','.join(f'{x:.4g}' for x in v)}"
-        + (" (times the model's default step)" if k in tuning.RELATIVE_TO_DEFAULT_STEP.get(name, ())
+        + (" (times the model's default step; 3x that for logistic, whose candidates run 100 "
+           "steps where train runs up to 300)" if k in tuning.RELATIVE_TO_DEFAULT_STEP.get(name, ())
            else "") for k, v in grid.items()) for name, grid in tuning.DEFAULT_GRIDS.items())
     tune = sub.add_parser(
         "tune", help="private hyperparameter selection (random stopping, inside epsilon)",

@@ -188,6 +188,39 @@ def test_setting_law_favours_the_default_and_draws_from_it():
     assert np.all(np.abs(counts / n - law) < 4 * np.sqrt(law * (1 - law) / n))
 
 
+def test_a_classifiers_candidates_center_on_three_times_the_step_over_their_100_steps(monkeypatch):
+    """Tune's candidates run 100 steps (train: up to 300), so a logistic model's grid and
+    default setting center on 3x its default step (``center_step``); not for the squared loss,
+    nor when the steps are set (fixed or in the grid); a grid without steps still trains the
+    center. What each candidate trains with is read from api.train's keywords."""
+    assert tuning.center_step("logistic", {}, {}) == 3.0
+    assert tuning.center_step("linear", {}, {}) == 0.25
+    assert tuning.center_step("logistic", {"max_steps": 50}, {}) == 1.0
+    assert tuning.center_step("logistic", {"steps": None}, {"steps": (10, 20)}) == 1.0
+    from beam_dp import api
+    seen = []
+    real = api.train
+
+    def recording(*args, **kwargs):
+        seen.append((kwargs.get("learning_rate"), kwargs.get("max_steps"),
+                     kwargs.get("clip_norm")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(api, "train", recording)
+    X, y = _data(n=1000)
+    model = beam_dp.tune(X, y, epsilon=EPSILON, seed=2, default_share=1.0, quality_check="off")
+    assert model.tuning["grid"]["learning_rate"] == pytest.approx([1.0, 3.0, 9.0])
+    assert model.tuning["setting_law"]["default"] == {"clip_norm": 1.0, "learning_rate": 3.0}
+    assert seen and all(s == (3.0, 100, 1.0) for s in seen)   # share 1: every candidate
+    seen.clear()
+    beam_dp.tune(X, y, epsilon=EPSILON, seed=2, grid={"clip_norm": (1.0,)}, quality_check="off")
+    assert seen and all(s == (3.0, 100, 1.0) for s in seen)
+    seen.clear()
+    beam_dp.tune(X, y, model="linear", epsilon=EPSILON, seed=2, default_share=1.0,
+                 quality_check="off", score_bound_=4.0)
+    assert seen and all(s == (0.25, 100, 1.0) for s in seen)
+
+
 def test_holdout_is_a_fixed_function_of_row_position():
     from beam_dp import data, losses
     X, y = _data(n=1000)
