@@ -235,10 +235,9 @@ def _run(X, y, *, input, algorithm, model, epsilon, delta, noise_multiplier, acc
         chosen.check_user_level()
     if bounds:
         # A declaration is applied or refused, never silently dropped: only dpgd and dpsgd's
-        # column scaling (noisy_gd._column_scaling) applies declared ranges, on dense features.
+        # column scaling (noisy_gd._column_scaling) applies declared ranges (on dense rows, and
+        # on the numeric columns of categorical columns' CSR rows).
         why = (f"--algorithm {chosen.name}" if chosen.name not in SCALING_ALGORITHMS else
-               "categorical columns (numeric columns next to them are not scaled yet)"
-               if (categorical or {}).get("categorical_columns") else
                "--feature-norm (another map of the same features)"
                if getattr(algorithm_options, "feature_norm", None) else None)
         if why:

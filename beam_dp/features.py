@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import scipy.sparse as sp
 
 from beam_dp import clipping
 from beam_dp.data import Block
@@ -78,6 +79,10 @@ class ScaleColumns:
     carry a rare class's signal are not all made equal). Bounded by construction: no value,
     however large, passes its reach.
 
+    On CSR rows (categorical columns) the ``len(low)`` entries are the numeric columns that come
+    first (``categorical.Encoding.dense_names``); the one-hot columns after them are left as
+    they are and the rows stay CSR.
+
     ``label_low``/``label_high`` (a regression label's range) map the label the same way during
     training only: the trained coefficients are mapped back to the label's units
     (``unscale_label``), so the recorded transform (``spec``) and predict leave labels alone.
@@ -96,7 +101,36 @@ class ScaleColumns:
     fill: tuple | None = None
 
     def __call__(self, block: Block) -> Block:
-        x = block.features
+        if sp.issparse(block.features):
+            features = self._scaled_sparse(block.features)
+        else:
+            features = self._scaled(block.features)
+        labels = block.labels
+        if self.label_low is not None:
+            label_half = (self.label_high - self.label_low) / 2.0
+            label_mid = self.label_low + label_half
+            labels = np.clip((np.clip(labels, label_mid - self.label_reach * label_half,
+                                      label_mid + self.label_reach * label_half) - label_mid)
+                             / label_half, -self.label_reach, self.label_reach)
+        return Block(features, labels, block.source, block.row_start, tag=block.tag)
+
+    def _scaled_sparse(self, x):
+        """CSR rows (``beam_dp.categorical``: the m numeric columns first, then the one-hot
+        ones): the map applies to columns 0..m-1 (m = len(low)), the one-hot columns are left
+        as they are (0/1 already), and the result stays CSR. A numeric column's unstored cells
+        are zeros and are mapped like any other value (a zero rarely maps to zero), so the first
+        m columns are taken densely: (rows, m) per block, bounded in rows, never rows x d."""
+        x = sp.csr_matrix(x)
+        m = len(self.low)
+        if m > x.shape[1]:
+            raise ValueError(f"the column map has {m} columns; the rows have {x.shape[1]}")
+        numeric = sp.csr_matrix(self._scaled(x[:, :m].toarray()))
+        out = sp.hstack([numeric, x[:, m:]], format="csr")
+        out.eliminate_zeros()   # (a value mapped to 0 need not be stored)
+        return out
+
+    def _scaled(self, x: np.ndarray) -> np.ndarray:
+        """The map of dense columns, one per entry of ``low``."""
         if self.fill is not None:
             fill = np.asarray(self.fill, dtype=np.float64)
             x = np.where(np.isnan(x) & ~np.isnan(fill), fill, x)
@@ -113,14 +147,7 @@ class ScaleColumns:
         scaled = np.clip(scaled, -reach, reach)   # (rounding)
         if keep.any():
             scaled = np.where(keep, x, scaled)
-        labels = block.labels
-        if self.label_low is not None:
-            label_half = (self.label_high - self.label_low) / 2.0
-            label_mid = self.label_low + label_half
-            labels = np.clip((np.clip(labels, label_mid - self.label_reach * label_half,
-                                      label_mid + self.label_reach * label_half) - label_mid)
-                             / label_half, -self.label_reach, self.label_reach)
-        return Block(scaled, labels, block.source, block.row_start, tag=block.tag)
+        return scaled
 
     def label_range(self) -> list:
         """The label's values as training saw them (clipped to its reach), in its units."""

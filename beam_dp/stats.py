@@ -35,6 +35,7 @@ from fractions import Fraction
 from typing import Callable
 
 import numpy as np
+import scipy.sparse as sp
 from dp_accounting import dp_event as events
 from dp_accounting import gaussian_mechanism
 
@@ -227,6 +228,11 @@ class Selected:
 
     def __call__(self, block, state) -> np.ndarray:
         picked = block.features[:, list(self.columns)]
+        if sp.issparse(picked):
+            # CSR rows' numeric columns (the first ones, ``beam_dp.categorical``): a zero is
+            # not stored, and is a value like any other here, so the few selected columns are
+            # taken densely, (rows, len(columns)) per block.
+            picked = picked.toarray()
         if self.label:
             picked = np.column_stack([picked, np.asarray(block.labels, dtype=np.float64)])
         return picked

@@ -540,7 +540,7 @@ class _Splitter:
         preprocess, make_transform = noisy_gd._column_scaling(
             options, problem, LocalAggregator(train),
             mechanisms.stream_key(self.seed, _STREAM, _SCALE) % (1 << 128), self.ledger)
-        if preprocess is None:   # nothing to scale (categorical columns, a feature norm)
+        if preprocess is None:   # nothing to scale (no numeric column, a feature norm)
             return
         self.state.scaling = preprocess(max(1, int(round(self.state.train_size))))
         # The map train would apply (its auto rule, reach and label included), as bounds.

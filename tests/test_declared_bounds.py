@@ -142,13 +142,13 @@ def test_bounds_naming_no_column_or_a_class_label_are_refused(tmp_path):
 
 
 def test_bounds_no_scaling_would_apply_are_refused_not_dropped(tmp_path):
-    """Only dpgd and dpsgd's dense column scaling applies declared ranges: elsewhere (another
-    algorithm, categorical columns, --feature-norm) they are refused before any data is read."""
+    """Only dpgd and dpsgd's column scaling applies declared ranges: elsewhere (another
+    algorithm, --feature-norm) they are refused before any data is read. (With categorical
+    columns they apply to the numeric columns: tests/test_categorical_scaling.py.)"""
     path, _, _ = _table(tmp_path, n=200)
     common = dict(input=path, label_column="y", model="linear", epsilon=1.0, runner="local",
                   bounds={"x1": [0, 1]})
     for extra, match in ((dict(algorithm="ssp"), "--algorithm ssp"),
-                         (dict(categorical_columns=["x0"], hash_buckets=4), "categorical"),
                          (dict(feature_norm=1.0), "--feature-norm")):
         with pytest.raises(ValueError, match=f"declared bounds .* not with {match}"):
             _train(**common, **extra)

@@ -146,15 +146,6 @@ def test_scaling_requests_that_cannot_work_are_refused(tmp_path, kwargs, match):
         _train(**{**base, **kwargs})
 
 
-def test_scaling_is_refused_with_categorical_columns(tmp_path):
-    pq.write_table(pa.table({"a": np.arange(50.0), "c": pa.array(["u", "v"] * 25),
-                             "label": np.arange(50) % 2}), tmp_path / "t.parquet")
-    with pytest.raises(ValueError, match="needs dense features"):
-        _train(input=str(tmp_path / "t.parquet"), epsilon=1.0, runner="local", steps=1,
-               scale_features="private", categorical_columns=["c"], hash_buckets=4)
-
-
-
 def test_only_the_algorithms_that_scale_declare_the_option():
     """dpsgd-f shares dpsgd's options but has its own private preprocessing: it must not accept
     --scale-features and ignore it (it once inherited the flag)."""

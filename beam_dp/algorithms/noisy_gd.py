@@ -934,7 +934,8 @@ def _plan(config: NoisyGDConfig, dataset_size: dict, ledger: accounting.Ledger, 
 
 _CLIP = option(1.0, "per-example gradient clip norm C (the sensitivity of each noisy sum)",
                low=0, low_open=True)
-_SCALE = option("auto", "columns without declared bounds (the schema's 'bounds'): 'private': "
+_SCALE = option("auto", "numeric columns without declared bounds (the schema's 'bounds'; "
+                        "categorical columns' one-hot columns are left as they are): 'private': "
                         "each clipped to its private 2nd-98th percentile range and mapped to "
                         "[-1, 1] (exponential-mechanism quantiles on a public log grid, "
                         "--scale-epsilon of the budget; a linear regression's label too; "
@@ -1095,15 +1096,19 @@ def _train_noisy(name: str, options, problem: Problem, aggregator, seed: int, le
     normalize = features.NormalizeRows(options.feature_norm) if options.feature_norm else None
     preprocess = make_step_scale = None
     make_transform = (lambda pre: normalize) if normalize else None
-    if (getattr(options, "scale_features", "none") != "none" or problem.source.get("bounds")
-            or _imputed(problem)):
-        scaling = _column_scaling(options, problem, aggregator, seed, ledger)
-        if scaling[0] is not None:
-            preprocess, make_transform = scaling
+    counts = ()
     if _preconditioned(options, problem):
-        preprocess, make_step_scale = _column_counts(options, problem, aggregator, seed, ledger)
+        preprocess, make_step_scale, counted = _column_counts(options, problem, aggregator, seed,
+                                                              ledger)
+        counts = (counted,)
         if options.average_iterates is None:
             config = dataclasses.replace(config, average_iterates=False)
+    if (getattr(options, "scale_features", "none") != "none" or problem.source.get("bounds")
+            or _imputed(problem)):
+        # (categorical columns next to numeric ones: their counts in the ranges' pass)
+        scaling = _column_scaling(options, problem, aggregator, seed, ledger, also=counts)
+        if scaling[0] is not None:
+            preprocess, make_transform = scaling
     initial_theta = problem.initial_theta
     if initial_theta is not None and make_transform is not None and preprocess is not None:
         # (a warm start's ranges are all declared: the map is known before any release)
@@ -1173,7 +1178,7 @@ def off_unit_scale(low: np.ndarray, high: np.ndarray) -> np.ndarray:
     return (half < UNIT_SCALE[0]) | (half > UNIT_SCALE[1]) | (np.abs(mid) > UNIT_SCALE[1] * half)
 
 
-def _column_scaling(options, problem: Problem, aggregator, seed: int, ledger):
+def _column_scaling(options, problem: Problem, aggregator, seed: int, ledger, also=()):
     """Each column mapped onto [-1, 1] (``features.ScaleColumns``): on its declared public range
     (the schema's ``bounds``; a missing-value indicator is [0, 1] by construction), else, with
     ``--scale-features private`` or ``auto``, on its 2nd and 98th percentiles released by the
@@ -1198,7 +1203,12 @@ def _column_scaling(options, problem: Problem, aggregator, seed: int, ledger):
     Each imputed column gets the epsilon of one quantile (the share is split over the scaling's
     quantiles and the imputed columns), in the ledger before the step noise is calibrated.
 
-    Returns (preprocess, make_transform), or (None, None) when nothing is scaled."""
+    ``also``: (stage, released) pairs of other releases before the steps that do not depend on
+    these (the categorical columns' counts): their stages run in the same pass, and
+    ``released(state)`` (a dict) joins the preprocessing.
+
+    Returns (preprocess, make_transform), or (None, None) when nothing is scaled (``also`` is
+    then not run)."""
     choice = options.scale_features
     imputed = _imputed(problem)
     if imputed:
@@ -1224,15 +1234,16 @@ def _column_scaling(options, problem: Problem, aggregator, seed: int, ledger):
         # A warm start continues in its model's space: that model's ranges, if any, came as
         # declared bounds (api._warm_start_theta); nothing new is released.
         choice = "none"
-    if problem.sparse or options.feature_norm:
+    if options.feature_norm:
         if choice == "private":
-            raise ValueError("--scale-features private needs dense features (with "
-                             "--categorical-columns the numeric columns are not scaled yet)"
-                             if problem.sparse else
-                             "--scale-features private and --feature-norm are two maps of the "
+            raise ValueError("--scale-features private and --feature-norm are two maps of the "
                              "same features: choose one")
         return None, None   # auto/none: features as given (the feature norm maps them)
-    d = problem.dim
+    # The columns mapped: every one of dense rows; of CSR rows (categorical columns) the numeric
+    # ones (and missing indicators), which come first, the one-hot columns after them being 0/1
+    # already (features.ScaleColumns maps the first d columns of CSR rows).
+    d = (Encoding.from_spec(problem.source["encoding"]).first_categorical if problem.sparse
+         else problem.dim)
     # [index, low, high] (declared), or [index, low, high, reach] (ranges released earlier, e.g.
     # once for all of beam-dp tune's candidates)
     fixed = {int(c[0]): (c[1], c[2], c[3] if len(c) > 3 else 1.0) for c in declared["columns"]}
@@ -1306,20 +1317,22 @@ def _column_scaling(options, problem: Problem, aggregator, seed: int, ledger):
                     "so without a declared range it may land anywhere from 1e-3 to 1e9: declare "
                     "the column's range (the schema's bounds), give a larger --scale-epsilon, or "
                     "use the indicator policy")
-        if fill_stages:
-            # The fills with the ranges (if any) in one pass over the data: one job.
-            stages = ([scale] if scale is not None else []) + fill_stages
-            stats.record_releases(stages, ledger)
-            state = aggregator.run_stages([stats.PackedStages(tuple(stages))], {"n": n})
-            out = {**out, "imputation": _released_fills(imputed, fill_stages, state, fixed)}
-            if scale is None:
-                return out
-            bounds = state["column_bounds"]
-        elif scale is None:
+        # The fills with the ranges (if any), and the run's other releases that do not depend
+        # on them (``also``: the categorical columns' counts), in one pass over the data: one job.
+        stages = ([scale] if scale is not None else []) + fill_stages + [s for s, _ in also]
+        if not stages:
             return out
-        else:
-            stats.record_releases([stage], ledger)
-            bounds = aggregator.run_stages([stage], {"n": n})["column_bounds"]
+        stats.record_releases(stages, ledger)
+        state = aggregator.run_stages(
+            [stats.PackedStages(tuple(stages))] if len(stages) > 1 or fill_stages else stages,
+            {"n": n})
+        for _, released in also:
+            out = {**out, **released(state)}
+        if fill_stages:
+            out = {**out, "imputation": _released_fills(imputed, fill_stages, state, fixed)}
+        if scale is None:
+            return out
+        bounds = state["column_bounds"]
         # Quantiles released independently may cross (both inside one grid cell, or a column
         # with almost all rows equal): the range is then their span.
         low, high = np.minimum(bounds[:, 0], bounds[:, 1]), np.maximum(bounds[:, 0], bounds[:, 1])
@@ -1478,7 +1491,8 @@ def _preconditioned(options, problem: Problem) -> bool:
 
 def _column_counts(options, problem: Problem, aggregator, seed: int, ledger):
     """The private column counts of ``--precondition counts`` (one Gaussian release, its share
-    of epsilon) and the step scale made from them once the plan is known."""
+    of epsilon) and the step scale made from them once the plan is known; also (stage,
+    released) for ``_column_scaling``'s ``also`` (the counts in the ranges' pass)."""
     epsilon = problem.privacy.epsilon
     count_epsilon = options.precondition_epsilon or 0.1 * epsilon
     if epsilon is not None and count_epsilon >= epsilon:
@@ -1489,11 +1503,15 @@ def _column_counts(options, problem: Problem, aggregator, seed: int, ledger):
     multiplier = stats.gaussian_noise_multiplier(count_epsilon, problem.privacy.delta)
     noise_std = multiplier * math.sqrt(per_row)
 
-    def preprocess(n: int) -> dict:
-        stage = stats.ColumnCountStage("column_counts", first, problem.dim, per_row, multiplier,
-                                       stats.stages_seed(seed), (_COUNTS_STREAM,))
+    stage = stats.ColumnCountStage("column_counts", first, problem.dim, per_row, multiplier,
+                                   stats.stages_seed(seed), (_COUNTS_STREAM,))
+
+    def preprocess(n: int) -> dict:   # (alone: the counts in a pass of their own)
         stats.record_releases([stage], ledger)
-        counts = aggregator.run_stages([stage], {"n": n})["column_counts"]
+        return released(aggregator.run_stages([stage], {"n": n}))
+
+    def released(state: dict) -> dict:
+        counts = state["column_counts"]
         # Only the columns clearly above the noise are kept (the rest get the floor anyway):
         # a public threshold, so the plan stays small.
         keep = np.flatnonzero(counts > KEEP_COUNT_NOISE * noise_std)
@@ -1513,7 +1531,7 @@ def _column_counts(options, problem: Problem, aggregator, seed: int, ledger):
         return ColumnStepScale(counts["first"], n / floor, tuple(columns.tolist()),
                                tuple((n / values[above]).tolist()))
 
-    return preprocess, make_step_scale
+    return preprocess, make_step_scale, (stage, released)
 
 
 _COUNTS_STREAM = 7
