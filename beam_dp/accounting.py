@@ -488,6 +488,11 @@ def merged_gaussians(event: events.DpEvent) -> events.DpEvent:
     return event
 
 
+# dp_accounting's PLD of a pure (or approximate) DP release computes exp(epsilon): a float
+# overflow above ~709.78; refused a little below with a clear message.
+MAX_PURE_PLD_EPSILON = 700.0
+
+
 class _EagerPLDAccountant(pld_privacy_accountant.PLDAccountant):
     """dp_accounting's PLD accountant with ``PureDpEvent`` and ``ApproxDpEvent``; builds the PLD
     as events come.
@@ -509,6 +514,14 @@ class _EagerPLDAccountant(pld_privacy_accountant.PLDAccountant):
             if merged is not event:
                 return self._maybe_compose(merged, count, do_compose)
         if isinstance(event, (PureDpEvent, ApproxDpEvent)):
+            if do_compose and event.epsilon > MAX_PURE_PLD_EPSILON:
+                # dp_accounting builds this PLD with exp(epsilon) in floats: OverflowError, a
+                # traceback, where a user should read what to change.
+                raise ValueError(
+                    f"a pure-epsilon release of epsilon {event.epsilon:.4g} (e.g. the private "
+                    f"count's share of a very large --epsilon) is beyond dp_accounting's PLD "
+                    f"(above {MAX_PURE_PLD_EPSILON:g}); use a smaller --epsilon (such values "
+                    "protect nothing) or --accountant rdp")
             if do_compose:
                 pld = privacy_loss_distribution.from_privacy_parameters(
                     pld_common.DifferentialPrivacyParameters(

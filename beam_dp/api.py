@@ -337,7 +337,8 @@ def _run(X, y, *, input, algorithm, model, epsilon, delta, noise_multiplier, acc
                 and getattr(algorithm_options, "label_bound", None) is None):
             # The label's declared or released range (public) is its scale: the check's L.
             # Its noise does not depend on L (the sums are normalized by it).
-            check = dataclasses.replace(check, label_bound=float(max(abs(v) for v in label_range)))
+            check = dataclasses.replace(check, label_bound=float(max(abs(v) for v in label_range)),
+                                        bound_assumed=False)
         if check is not None:
             # A run resumed after it finished finds its check's release beside the checkpoint.
             noisy = quality.load_saved(problem.checkpoint_dir, result.theta, check)

@@ -763,7 +763,8 @@ def _check_chosen(quality, check, loss, model, state: _Data, quality_options, se
     from beam_dp.local import LocalAggregator
     label_range = (model.privacy_report.get("preprocessing") or {}).get("label_range")
     if check.label_bound is not None and label_range and quality_options.quality_label_bound is None:
-        check = dataclasses.replace(check, label_bound=float(max(abs(v) for v in label_range)))
+        check = dataclasses.replace(check, label_bound=float(max(abs(v) for v in label_range)),
+                                    bound_assumed=False)
     stage = check.stage(loss, model.theta, model.artifact.get("feature_transform"), seed)
     noisy = LocalAggregator(state.train).run_stages([stage], {})[stage.key]
     return quality.judged(loss, noisy, check, state.train_size, "the training rows")

@@ -305,3 +305,11 @@ def test_a_tiny_noise_multiplier_reports_a_finite_upper_bound():
     epsilon = accounting.epsilon_of(events.GaussianDpEvent(1e-6), 1e-5, notes=notes)
     assert math.isfinite(epsilon) and epsilon > 1e9
     assert notes and "RDP" in notes[0]
+
+
+def test_a_pure_release_beyond_plds_float_range_is_a_clear_error_not_an_overflow():
+    # (epsilon 1e6 gave the private ranges a pure 1e5: OverflowError inside dp_accounting)
+    with pytest.raises(ValueError, match="beyond dp_accounting's PLD"):
+        accounting.epsilon_of(ev.ComposedDpEvent([accounting.PureDpEvent(1e4),
+                                                  ev.GaussianDpEvent(1.0)]), 1e-5, "pld")
+    assert math.isfinite(accounting.epsilon_of(accounting.PureDpEvent(1e4), 1e-5, "rdp"))

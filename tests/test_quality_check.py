@@ -250,3 +250,29 @@ def test_a_gain_within_the_noise_reads_as_not_shown_better_not_as_worse():
     report["constant_minus_model"]["value"] = -0.001
     text = quality.warning_text(report)
     assert "not better than a constant" in text and "not shown" not in text
+
+
+def test_an_assumed_label_bound_never_refuses_and_names_the_flag():
+    """A regression's L left at DEFAULT_LABEL_BOUND is a guess: sums that would read "much
+    worse" under it give a warning that names --quality-label-bound, not a refusal; the same
+    sums under a public bound still refuse."""
+    from beam_dp import losses, quality
+    loss = losses.make_loss("linear")
+    noisy = np.array([1000.0, 0.0, 100.0])   # (q, s1, s2) over n = 1000: model error 31x
+    public = quality.Check(1e-6, 4.0, "float", 0.05)
+    assumed = quality.Check(1e-6, 4.0, "float", 0.05, bound_assumed=True)
+    assert quality.judged(loss, noisy, public, 1000.0, "rows")["status"] == "much_worse"
+    checked = quality.judged(loss, noisy, assumed, 1000.0, "rows")
+    assert checked["status"] == "not_better"
+    assert "--quality-label-bound" in quality.warning_text(checked)
+
+
+def test_reserve_marks_the_default_bound_as_assumed():
+    from beam_dp import accounting, losses, quality
+    from beam_dp.algorithms import registry
+    privacy = registry.Privacy(epsilon=1.0, delta=1e-5, accountant="pld")
+    def reserve(model, bound=None):
+        return quality.reserve(accounting.Ledger("pld"), losses.make_loss(model), privacy,
+                               epsilon=None, label_bound=bound, secure=False)
+    assumed, given, classifier = reserve("linear"), reserve("linear", 50.0), reserve("logistic")
+    assert assumed.bound_assumed and not given.bound_assumed and not classifier.bound_assumed

@@ -16,8 +16,9 @@ What it chooses and why (README "Which algorithm for which data", Table C, the r
   steps by default), which is affordable up to a few million rows.
 * dpsgd: only where a full pass per step is too slow (``FULL_PASS_ROWS`` declared rows or more),
   and only for classification: with its defaults it matched dpgd on the classification tables
-  but was far behind on regression (R^2 -0.09 and 0.30 against dpgd's 0.945 and 0.763), so a
-  regression stays with dpgd at any size.
+  but was behind on regression (R^2 0.912 and 0.775 against dpgd's 0.952 and 0.777 with its
+  step 1/2; -0.09 and 0.30 with the earlier step 2), so a regression stays with dpgd at any
+  size.
 * With ``--privacy-unit-column`` dpgd at any size: dpsgd's user-level steps read and group the
   whole input once per job (their batch is drawn from the grouped users), so they do not save
   dpgd's passes as row-level dpsgd does.
@@ -109,6 +110,10 @@ def choose(model: str, given=(), *, num_examples: int | None = None,
     if rows_hint is not None and not (isinstance(rows_hint, int) and not isinstance(rows_hint, bool)
                                       and rows_hint >= 1):
         raise ValueError("--rows-hint must be a whole number, at least 1")
+    if rows_hint is not None and num_examples is not None:
+        # --num-examples is the size the accounting uses; a hint beside it would be ignored
+        raise ValueError("--rows-hint and --num-examples: give one (--num-examples is the public "
+                         "size the accounting uses; --rows-hint only guides auto)")
     rows, source = ((num_examples, "--num-examples") if num_examples is not None else
                     (rows_hint, "--rows-hint") if rows_hint is not None else (None, None))
     given = list(given)
@@ -132,8 +137,8 @@ def choose(model: str, given=(), *, num_examples: int | None = None,
     elif large:
         order = CANDIDATES
         why = (f"{WHY_DPGD}; kept at {rows:,} rows ({source}) for --model {model}: dpsgd with "
-               "its defaults was far behind on regression (R^2 -0.09 and 0.30 against 0.945 and "
-               "0.763)")
+               "its defaults was behind on regression (R^2 0.912 and 0.775 against 0.952 and "
+               "0.777)")
     elif rows is not None:
         order = CANDIDATES
         why = (f"{WHY_DPGD}; {rows:,} rows ({source}) are below {FULL_PASS_ROWS:,}, where a "

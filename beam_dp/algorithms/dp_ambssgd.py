@@ -482,9 +482,11 @@ def private_curvature(config: NoisyGDConfig, a_config: AmbssgdConfig, dim: int, 
         stage = stats.QuantileStage(
             "column_bounds", stats.Columns(), stats.FixedGrid(grid), dim, size,
             noisy_gd.SCALE_QUANTILES, per_release, stats.stages_seed(seed), (_CURVATURE_STREAM, 0),
-            margin=stats.quantile_rank_error_bound(size, per_release, 0.05), noise=noise)
-        error = stage.rank_error_bound(0.05)
-        if error <= noisy_gd.AUTO_SCALE_RANK_ERROR * n:
+            # dpgd's margin (noisy_gd.SCALE_MARGIN_FAILURE: a range on the empty grid far past
+            # the data maps its column to ~0), and its rule for when n is too small for it
+            margin=stats.quantile_rank_error_bound(size, per_release, noisy_gd.SCALE_MARGIN_FAILURE),
+            noise=noise)
+        if stage.margin <= noisy_gd.AUTO_SCALE_RANK_ERROR * n:
             stats.record_releases([stage], ledger)
             bounds = aggregator.run_stages([stage], {"n": n})["column_bounds"]
             low, high = np.minimum(bounds[:, 0], bounds[:, 1]), np.maximum(bounds[:, 0], bounds[:, 1])
@@ -493,7 +495,8 @@ def private_curvature(config: NoisyGDConfig, a_config: AmbssgdConfig, dim: int, 
             details = {"standardize": "private: columns mapped onto [-1, 1] from their private "
                                       "2nd-98th percentiles"}
         else:   # decided from the released count and public constants: nothing spent
-            details = {"standardize": "skipped: the quantiles' 95% rank error is above a "
+            details = {"standardize": "skipped: the quantiles' rank error bound (probability "
+                                      f"{1 - noisy_gd.SCALE_MARGIN_FAILURE:g}) is above a "
                                       "quarter of n; features used as given"}
     if transform is None:
         grid_size = NORM_GRID[2]
