@@ -80,9 +80,11 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
                 and action.default is not argparse.SUPPRESS and "%(default)" not in text \
                 and action.option_strings and action.nargs != 0:
             text += " (default: %(default)s)"
-        elif isinstance(action, argparse.BooleanOptionalAction) and action.default is not None:
+        elif isinstance(action, argparse.BooleanOptionalAction) and action.default is not None \
+                and action.default is not argparse.SUPPRESS:
             # (a None default depends on other options, as dpgd's --average-iterates: its help
-            # says how; "off" here had contradicted it)
+            # says how, and "off" here had contradicted it; SUPPRESS, under --algorithm auto and
+            # tune's fixed options, is the chosen algorithm's default, and had shown as "on")
             text += f" (default: {'on' if action.default else 'off'})"
         return text
 

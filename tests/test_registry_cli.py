@@ -108,7 +108,8 @@ def _help(run, monkeypatch, *argv) -> str:
 def _default_text(action) -> str | None:
     """The '(default: ...)' that must appear for an action; None where none is due (a None
     default is 'derived', explained by the help text; a switch like --overwrite is off)."""
-    if isinstance(action, argparse.BooleanOptionalAction) and action.default is not None:
+    if isinstance(action, argparse.BooleanOptionalAction) and action.default is not None \
+            and action.default is not argparse.SUPPRESS:
         return f"(default: {'on' if action.default else 'off'})"
     if action.default is None or action.nargs == 0 or action.default is argparse.SUPPRESS:
         return None
@@ -165,6 +166,11 @@ def test_a_switch_whose_default_depends_on_other_options_shows_no_default(run, m
     assert "default on" in entry and "(default:" not in entry, entry
     entries = _help_entries(_help(run, monkeypatch, "train", "--algorithm", "dpsgd"))
     assert "(default: off)" in entries["--average-iterates"]   # dpsgd's is a plain False
+    # Under auto (dpgd's on or dpsgd's off, whichever is chosen) and as tune's fixed option (the
+    # grid's or dpgd's default) it has no single default either: it had shown "(default: on)".
+    for argv in (("train", "--algorithm", "auto"), ("tune",)):
+        entry = _help_entries(_help(run, monkeypatch, *argv))["--average-iterates"]
+        assert "(default:" not in entry, (argv, entry)
 
 
 def test_python_dash_m_runs_the_command():
