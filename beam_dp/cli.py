@@ -80,7 +80,11 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
                 and action.default is not argparse.SUPPRESS and "%(default)" not in text \
                 and action.option_strings and action.nargs != 0:
             text += " (default: %(default)s)"
-        elif isinstance(action, argparse.BooleanOptionalAction):
+        elif isinstance(action, argparse.BooleanOptionalAction) and action.default is not None \
+                and action.default is not argparse.SUPPRESS:
+            # (a None default depends on other options, as dpgd's --average-iterates: its help
+            # says how, and "off" here had contradicted it; SUPPRESS, under --algorithm auto and
+            # tune's fixed options, is the chosen algorithm's default, and had shown as "on")
             text += f" (default: {'on' if action.default else 'off'})"
         return text
 
@@ -332,6 +336,8 @@ def _tune(args) -> int:
             missing=_missing_policies(args.missing), ignore_columns=args.ignore_columns,
             quality_check=args.quality_check, quality_epsilon=args.quality_epsilon,
             quality_label_bound=args.quality_label_bound,
+            privacy_unit_column=args.privacy_unit_column,   # (refused by tune, never dropped)
+            max_rows_per_user=args.max_rows_per_user,
             progress=lambda message: print(f"beam-dp: {message}", file=sys.stderr), **options)
     for warning in model.privacy_report.get("warnings", []):   # (the quality check's, as train's)
         print(f"beam-dp: warning: {warning}", file=sys.stderr)
@@ -1487,3 +1493,7 @@ def _predict(args) -> int:
             os.remove(tmp)
     print(f"wrote {len(columns['prediction'])} predictions to {args.output}")
     return 0
+
+
+if __name__ == "__main__":   # ``python -m beam_dp.cli ...``, as the console script
+    console_main()

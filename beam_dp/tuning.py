@@ -598,6 +598,7 @@ def tune(X=None, y=None, *, input=None, validation=None, algorithm: str = "dpgd"
         if fixed.get(name) is not None:
             raise ValueError(f"tuning sets {name} itself (it trains in-process, with the noise "
                              "its plan calibrates)")
+    _refuse_user_level(fixed)
     if noise not in (None, "float"):
         raise ValueError("tuning uses float noise: secure noise's sampler slack is an (epsilon, "
                          "delta) term that the RDP analysis of random stopping does not cover")
@@ -781,6 +782,24 @@ def _validation_reader(files, batch_rows):
             f, source["label_column"], source["feature_columns"], problem.loss, batch_rows,
             data.open_local, encoding)]
     return read
+
+
+def _refuse_user_level(fixed: dict) -> None:
+    """A privacy unit (keyword or the schema's ``privacy_unit``) is refused before any release:
+    the candidates train on the splitter's row-level blocks, never grouped or bounded by user,
+    and the selection is accounted under add/remove one row. It had been dropped silently (the
+    CLI did not pass the flag on, so the user column became a feature)."""
+    from beam_dp import schema as schema_mod
+    declared = fixed.get("schema")
+    if isinstance(declared, str):
+        declared = schema_mod.read(declared)
+    elif declared is not None:
+        declared = schema_mod.from_dict(declared)
+    if (fixed.get("privacy_unit_column") is not None or fixed.get("max_rows_per_user") is not None
+            or (declared or {}).get("privacy_unit_column") is not None):
+        raise ValueError("beam-dp tune does not take user-level privacy yet (--privacy-unit-column, "
+                         "--max-rows-per-user, the schema's privacy_unit): its candidates train "
+                         "and are scored per row; use beam-dp train")
 
 
 def _train_candidate(api, X, y, input, algorithm, model, delta, the_plan: Plan, setting, options,

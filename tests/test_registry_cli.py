@@ -108,7 +108,8 @@ def _help(run, monkeypatch, *argv) -> str:
 def _default_text(action) -> str | None:
     """The '(default: ...)' that must appear for an action; None where none is due (a None
     default is 'derived', explained by the help text; a switch like --overwrite is off)."""
-    if isinstance(action, argparse.BooleanOptionalAction):
+    if isinstance(action, argparse.BooleanOptionalAction) and action.default is not None \
+            and action.default is not argparse.SUPPRESS:
         return f"(default: {'on' if action.default else 'off'})"
     if action.default is None or action.nargs == 0 or action.default is argparse.SUPPRESS:
         return None
@@ -155,6 +156,31 @@ def test_train_help_of_an_algorithm_lists_its_declared_options(run, monkeypatch,
     own = {f for f, _, _ in declared}
     others = {f for a in ALGORITHMS.values() for f, _, _ in registry.describe(a.options)} - own
     assert not others & set(entries), f"{algorithm}'s help shows {sorted(others & set(entries))}"
+
+
+def test_a_switch_whose_default_depends_on_other_options_shows_no_default(run, monkeypatch):
+    """dpgd's --average-iterates defaults to None (on, but off with --precondition counts, as its
+    help says): the formatter printed "(default: off)" after that text."""
+    entries = _help_entries(_help(run, monkeypatch, "train", "--algorithm", "dpgd"))
+    entry = entries["--average-iterates"]
+    assert "default on" in entry and "(default:" not in entry, entry
+    entries = _help_entries(_help(run, monkeypatch, "train", "--algorithm", "dpsgd"))
+    assert "(default: off)" in entries["--average-iterates"]   # dpsgd's is a plain False
+    # Under auto (dpgd's on or dpsgd's off, whichever is chosen) and as tune's fixed option (the
+    # grid's or dpgd's default) it has no single default either: it had shown "(default: on)".
+    for argv in (("train", "--algorithm", "auto"), ("tune",)):
+        entry = _help_entries(_help(run, monkeypatch, *argv))["--average-iterates"]
+        assert "(default:" not in entry, (argv, entry)
+
+
+def test_python_dash_m_runs_the_command():
+    """``python -m beam_dp.cli ...`` (how the module is run without the console script) did
+    nothing and exited 0: the module had no __main__ guard."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "beam_dp.cli", "train", "--input", "x.csv"],
+                       capture_output=True, text=True, timeout=120, env=os.environ)
+    assert r.returncode == 2 and "beam-dp: error:" in r.stderr, r
 
 
 @pytest.mark.parametrize("command", [

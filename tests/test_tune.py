@@ -476,3 +476,24 @@ def test_a_diverged_candidate_scores_lowest_and_never_stops_the_loop(monkeypatch
     with pytest.raises(ModelQualityError, match="not finite"):
         beam_dp.tune(X, y, epsilon=EPSILON, seed=2, grid={"learning_rate": (0.5,)},
                      batch_rows=500)
+
+
+def test_user_level_privacy_is_refused_not_dropped(tmp_path, capsys):
+    """tune's candidates read row-level blocks (its splitter), so a privacy unit asked for by
+    flag, keyword or schema must stop the run before any release: the CLI used to drop
+    --privacy-unit-column (the user column then became a feature and the guarantee was per
+    row), and beam_dp.tune reported "add/remove" rows for privacy_unit_column=."""
+    assert main(["make-data", "--output", str(tmp_path / "d"), "--n", "300", "--d", "3",
+                 "--validation-n", "10", "--shards", "1"]) == 0
+    files = str(tmp_path / "d" / "train-*.parquet")
+    for keywords in ({"privacy_unit_column": "f0"}, {"max_rows_per_user": 4},
+                     {"schema": {"label": "label", "privacy_unit": "f0"}}):
+        with pytest.raises(ValueError, match="user-level"):
+            beam_dp.tune(input=files, epsilon=1.0, seed=0, **keywords)
+    capsys.readouterr()
+    out = tmp_path / "out"
+    code = main(["tune", "--input", files, "--output", str(out), "--epsilon", "1",
+                 "--privacy-unit-column", "f0"])
+    err = capsys.readouterr().err
+    assert code == 2 and "user-level" in err and "tuning dpgd" not in err, err
+    assert not out.exists()
