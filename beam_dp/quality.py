@@ -102,6 +102,9 @@ QUALITY_SHARE = 0.05
 DEFAULT_LABEL_BOUND = 4.0
 NOT_BETTER_Z = 2.0     # ~2.3% of models better than the constant by exactly 2 std are flagged
 MUCH_WORSE = 4.0       # "much worse": an error above 4x the constant's
+# Under the assumed DEFAULT_LABEL_BOUND, "much worse" stands only where the labels' noisy mean
+# of a^2 / L^2 is at most this (they fit inside the bound; 1 when all are clamped to it): judged
+ASSUMED_BOUND_FIT = 0.5
 # A refusal costs the run its model, so it asks for more evidence than a warning: a model at
 # exactly 4x the constant's error is refused with probability ~0.13%.
 MUCH_WORSE_Z = 3.0
@@ -131,6 +134,13 @@ class QualityOptions:
         None, "regression: the public bound L to which the check clamps labels and predictions "
               "(set it to the labels' scale); default the algorithm's --label-bound, else 4",
         low=0, low_open=True)
+
+    def check(self) -> None:
+        # Applied or refused, never dropped: the check's options do nothing with the check off.
+        if self.quality_check == "off" and (self.quality_epsilon is not None
+                                            or self.quality_label_bound is not None):
+            raise ValueError("--quality-epsilon and --quality-label-bound set the private quality "
+                             "check: leave them out with --quality-check off")
 
 
 class ModelQualityError(RuntimeError):
@@ -229,8 +239,9 @@ class QualityStage:
                   "purpose": "the model-quality check against a constant predictor"}
         if self.relation == accounting.REPLACE_ONE:   # (add/remove's entries as they were)
             params["neighbouring"] = self.relation
-        if self.label_bound is not None:
-            params["label_bound"] = self.label_bound
+        # (No label bound here: this entry is written when the check is reserved, before train
+        # knows the label's range; the report's quality_check holds the L it used, and the
+        # noise does not depend on it.)
         if self.noise == "secure":
             params.update(noise=stats.SECURE_MEAN_NOISE,
                           sampler_total_variation=stats.mean_sampler_variation(self.columns))
@@ -368,13 +379,18 @@ def judged(loss, noisy, check, n: float, over: str) -> dict:
     if check.bound_assumed:
         # Labels clamped to an assumed [-4, 4] say nothing of a model of labels in the thousands
         # (dp-ambssgd on raw diamonds, RMSE 2,223 against the constant's 3,989, was refused as
-        # "much worse"): no refusal on a guessed bound, a warning that names the flag instead.
-        if checked["status"] == "much_worse":
+        # "much worse": its labels all clamp to 4, and any prediction below 4 looks far off).
+        # The released mean of a^2 / L^2 (a the clamped label) tells them apart: near 1 when
+        # the labels pile up at the bound, small when they fit inside it and the clamp is
+        # harmless (a diverged model of such labels is still refused). Post-processing.
+        piled = float(np.asarray(noisy)[2]) / max(float(n), 1.0) > ASSUMED_BOUND_FIT
+        if piled and checked["status"] == "much_worse":
             checked["status"] = "not_better"
         checked["label_bound_assumed"] = (
             f"labels and predictions clamped to an assumed [-{check.label_bound:g}, "
-            f"{check.label_bound:g}] (no declared or released label range): a model is never "
-            "refused on it; give --quality-label-bound, a public bound on |label|")
+            f"{check.label_bound:g}] (no declared or released label range)"
+            + ("; the labels pile up at it, so the model is not refused on it" if piled else "")
+            + ": give --quality-label-bound, a public bound on |label|")
     checked.update(
         covered_by_privacy_guarantee=True,
         note=(f"noisy sums over {over}: DP releases ({RELEASE} in the ledger), counted in the "

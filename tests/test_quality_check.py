@@ -144,9 +144,17 @@ def _far_labels(n=3000):
 
 def test_far_labels_model_is_much_worse_and_refused():
     x, y = _far_labels()
-    # Clipped gradients at a step size of 0.01: the intercept cannot travel to 1000.
+    # Clipped gradients at a step size of 0.01: the intercept cannot travel to 1000. Under a
+    # public label bound that is "much worse": refused.
     with pytest.raises(quality.ModelQualityError, match="much worse than a constant"):
-        _train(x, y, model="linear", epsilon=1.0, seed=1, learning_rate=0.01, steps=20)
+        _train(x, y, model="linear", epsilon=1.0, seed=1, learning_rate=0.01, steps=20,
+               quality_label_bound=1100.0, quality_epsilon=0.5)
+    # Under the assumed L = 4 (no label range known) it is warned of, naming the flag, never
+    # refused: that clamp can make a good model look much worse as well (raw diamonds).
+    model, caught = _train(x, y, model="linear", epsilon=1.0, seed=1, learning_rate=0.01,
+                           steps=20)
+    assert model.privacy_report["quality_check"]["status"] == "not_better"
+    assert len(caught) == 1 and "--quality-label-bound" in str(caught[0].message)
     # Turned off, the same run returns its model (and says the check was off).
     model, _ = _train(x, y, model="linear", epsilon=1.0, seed=1, learning_rate=0.01, steps=20,
                       quality_check="off")
@@ -252,19 +260,24 @@ def test_a_gain_within_the_noise_reads_as_not_shown_better_not_as_worse():
     assert "not better than a constant" in text and "not shown" not in text
 
 
-def test_an_assumed_label_bound_never_refuses_and_names_the_flag():
-    """A regression's L left at DEFAULT_LABEL_BOUND is a guess: sums that would read "much
-    worse" under it give a warning that names --quality-label-bound, not a refusal; the same
-    sums under a public bound still refuse."""
+def test_an_assumed_label_bound_refuses_only_labels_that_fit_inside_it():
+    """A regression's L left at DEFAULT_LABEL_BOUND is a guess: where the labels pile up at it,
+    sums that would read "much worse" give a warning naming --quality-label-bound, not a
+    refusal; under a public bound, or with labels inside the assumed one, they still refuse."""
     from beam_dp import losses, quality
     loss = losses.make_loss("linear")
-    noisy = np.array([1000.0, 0.0, 100.0])   # (q, s1, s2) over n = 1000: model error 31x
+    # (q, s1, s2) over n = 1000: the model's error 10x the constant's; the labels' mean a^2/L^2
+    # is 1 (all clamped to the bound: a raw price in dollars)
+    piled = np.array([3000.0, 0.0, 1000.0])
     public = quality.Check(1e-6, 4.0, "float", 0.05)
     assumed = quality.Check(1e-6, 4.0, "float", 0.05, bound_assumed=True)
-    assert quality.judged(loss, noisy, public, 1000.0, "rows")["status"] == "much_worse"
-    checked = quality.judged(loss, noisy, assumed, 1000.0, "rows")
+    assert quality.judged(loss, piled, public, 1000.0, "rows")["status"] == "much_worse"
+    checked = quality.judged(loss, piled, assumed, 1000.0, "rows")
     assert checked["status"] == "not_better"
     assert "--quality-label-bound" in quality.warning_text(checked)
+    # labels inside the assumed bound (mean a^2/L^2 0.1): the clamp is harmless, still refused
+    fitting = np.array([1000.0, 0.0, 100.0])
+    assert quality.judged(loss, fitting, assumed, 1000.0, "rows")["status"] == "much_worse"
 
 
 def test_reserve_marks_the_default_bound_as_assumed():
@@ -276,3 +289,9 @@ def test_reserve_marks_the_default_bound_as_assumed():
                                epsilon=None, label_bound=bound, secure=False)
     assumed, given, classifier = reserve("linear"), reserve("linear", 50.0), reserve("logistic")
     assert assumed.bound_assumed and not given.bound_assumed and not classifier.bound_assumed
+
+
+def test_the_checks_options_with_the_check_off_are_refused_not_dropped():
+    x, y = _binary(500, seed=1)
+    with pytest.raises(ValueError, match="leave them out with --quality-check off"):
+        beam_dp.train(x, y, epsilon=1.0, seed=0, quality_check="off", quality_epsilon=0.1)
