@@ -175,6 +175,14 @@ class Encoding:
         repeated = sorted({c for c, _, _ in self.missing if [m[0] for m in self.missing].count(c) > 1})
         if repeated:
             raise EncodingError(f"more than one missing-value policy for {', '.join(repeated)}")
+        # An indicator is named "<column>_missing": it must not take an input column's name
+        # (two features of one name: the report and predict could not tell them apart).
+        clash = sorted(f"{c}_missing" for c in self.indicators
+                       if f"{c}_missing" in set(self.numeric) | set(self.categorical))
+        if clash:
+            raise EncodingError(f"the missing-value indicator(s) {', '.join(clash)} would take the "
+                                "name of an input column: rename that column or use another "
+                                "policy")
         if self.label_missing not in ("error", "drop"):
             raise EncodingError("the label's missing-value policy must be 'error' or 'drop'")
         if self.label_classes is not None:
@@ -429,6 +437,8 @@ def read_vocabulary(path, columns: Sequence[str]) -> tuple:
         values = tuple(str(v) for v in values)
         if len(set(values)) != len(values):
             raise EncodingError(f"{path}: column '{name}' lists a value more than once")
+        if not values:   # every value would be "other": a column that says nothing
+            raise EncodingError(f"{path}: column '{name}' lists no values")
         out.append((name, values))
     return tuple(out)
 

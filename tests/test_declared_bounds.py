@@ -247,3 +247,20 @@ def test_private_ranges_use_the_run_s_noise_kind(tmp_path):
         quantiles = _mechanisms(model)["exponential_mechanism_quantile"]
         assert quantiles.get("noise") == expected, quantiles
         assert model.privacy_report["epsilon"] <= 1.0 + 1e-9
+
+
+def test_some_ranges_declared_and_the_rest_raw_is_warned_of(tmp_path):
+    """Declared ranges for some columns, n too small for the others' private ranges (auto skips
+    them): the mix of [-1, 1] and raw columns is said on the report's warnings, not only in
+    preprocessing.scaling_skipped; all declared, nothing is said."""
+    path, _, _ = _table(tmp_path, n=300)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = beam_dp.train(input=path, model="linear", label_column="y", epsilon=1.0, seed=0,
+                              runner="local", schema={"label": "y", "bounds": {"x0": [0, 50_000]}})
+    assert model.privacy_report["preprocessing"].get("scaling_skipped")
+    said = [w for w in model.privacy_report.get("warnings", []) if "declare every column" in w]
+    assert len(said) == 1 and any("declare every column" in str(w.message) for w in caught)
+    model = _train(input=path, model="linear", label_column="y", epsilon=1.0, seed=0,
+                   runner="local", schema={"label": "y", "bounds": BOUNDS})
+    assert not any("declare every column" in w for w in model.privacy_report.get("warnings", []))

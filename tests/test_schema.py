@@ -502,3 +502,12 @@ def test_a_label_drop_policy_works_on_arrows_read_only_label_arrays(tmp_path, ki
     model = _train(input=str(tmp_path / "t.parquet"), label_column="y", missing={"y": "drop"},
                    noise_multiplier=1.0, num_examples=300, steps=2, runner="local", **declared)
     assert np.isfinite(model.theta).all()
+
+
+def test_an_indicator_named_like_an_input_column_and_an_empty_vocabulary_are_refused():
+    with pytest.raises(EncodingError, match="Ozone_missing would take the name of an input column"):
+        categorical.make_encoding(["Ozone", "Ozone_missing"], [], missing={"Ozone": "indicator"})
+    with pytest.raises(EncodingError, match="lists no values"):
+        categorical.make_encoding(["x"], ["student"], vocabulary={"student": []})
+    # (one of them alone is fine)
+    assert categorical.make_encoding(["Ozone"], [], missing={"Ozone": "indicator"}) is not None
