@@ -278,6 +278,9 @@ def test_an_assumed_label_bound_refuses_only_labels_that_fit_inside_it():
     # labels inside the assumed bound (mean a^2/L^2 0.1): the clamp is harmless, still refused
     fitting = np.array([1000.0, 0.0, 100.0])
     assert quality.judged(loss, fitting, assumed, 1000.0, "rows")["status"] == "much_worse"
+    # ... and close to it (labels near 3.5 of 4: mean a^2/L^2 0.77)
+    close = np.array([3000.0, 875.0, 766.0])
+    assert quality.judged(loss, close, assumed, 1000.0, "rows")["status"] == "much_worse"
 
 
 def test_reserve_marks_the_default_bound_as_assumed():
