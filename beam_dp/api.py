@@ -335,10 +335,7 @@ def _run(X, y, *, input, algorithm, model, epsilon, delta, noise_multiplier, acc
         if (check is not None and check.label_bound is not None and label_range
                 and quality_options.quality_label_bound is None
                 and getattr(algorithm_options, "label_bound", None) is None):
-            # The label's declared or released range (public) is its scale: the check's L.
-            # Its noise does not depend on L (the sums are normalized by it).
-            check = dataclasses.replace(check, label_bound=float(max(abs(v) for v in label_range)),
-                                        bound_assumed=False)
+            check = check.with_label_range(label_range)
         if check is not None:
             # A run resumed after it finished finds its check's release beside the checkpoint.
             noisy = quality.load_saved(problem.checkpoint_dir, result.theta, check)

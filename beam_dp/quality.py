@@ -265,6 +265,13 @@ class Check:
     # the labels (train replaces it by the label's declared or released range where there is one)
     bound_assumed: bool = False
 
+    def with_label_range(self, label_range) -> "Check":
+        """The check with L taken from the label's declared or released range (public): the
+        labels' own scale, no longer an assumed one. Its noise does not depend on L (the sums
+        are normalized by it), so the reserved release stands."""
+        return dataclasses.replace(self, label_bound=float(max(abs(v) for v in label_range)),
+                                   bound_assumed=False)
+
     def stage(self, loss, theta, transform, seed: int) -> QualityStage:
         return QualityStage(loss, np.array(theta, dtype=np.float64), transform,
                             self.noise_multiplier, stats.stages_seed(seed), self.label_bound,

@@ -10,8 +10,8 @@ shape)``, which only its RDP accountant handles: the whole run is accounted by R
 
 The setting law (``setting_law``): train's own setting (each grid key at dpgd's default; a
 classifier's step 3x train's, as its candidates run 100 steps where train runs up to 300:
-``center_step``) with probability ``default_share`` (default 1/2), else uniform over the grid. Every candidate draws
-afresh from it, so the K candidates are i.i.d. runs of one randomized algorithm, which is what
+``center_step``) with probability ``default_share`` (default 1/2), else uniform over the grid.
+Every candidate draws afresh from it, so the K candidates are i.i.d. runs of one randomized algorithm, which is what
 the theorem needs (a first candidate fixed to the default would break it).
 
 One candidate's releases:
@@ -617,7 +617,7 @@ def tune(X=None, y=None, *, input=None, validation=None, algorithm: str = "dpgd"
                 for k, values in DEFAULT_GRIDS.get(algorithm, {}).items()}
     if (algorithm in RELATIVE_TO_DEFAULT_STEP and "learning_rate" not in grid
             and fixed.get("learning_rate") is None):
-        fixed["learning_rate"] = step   # a grid without steps: the candidates still take the center
+        fixed["learning_rate"] = step   # a grid without learning rates: still the center step
     scale_features = fixed.pop("scale_features", None) or "auto"   # as train's default
     scale_epsilon = fixed.pop("scale_epsilon", None)
     if scale_features not in ("none", "private", "auto"):
@@ -764,8 +764,7 @@ def _check_chosen(quality, check, loss, model, state: _Data, quality_options, se
     from beam_dp.local import LocalAggregator
     label_range = (model.privacy_report.get("preprocessing") or {}).get("label_range")
     if check.label_bound is not None and label_range and quality_options.quality_label_bound is None:
-        check = dataclasses.replace(check, label_bound=float(max(abs(v) for v in label_range)),
-                                    bound_assumed=False)
+        check = check.with_label_range(label_range)
     stage = check.stage(loss, model.theta, model.artifact.get("feature_transform"), seed)
     noisy = LocalAggregator(state.train).run_stages([stage], {})[stage.key]
     return quality.judged(loss, noisy, check, state.train_size, "the training rows")
