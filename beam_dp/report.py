@@ -213,6 +213,7 @@ def check_output_directory(path: str, overwrite: bool) -> None:
     directory beam-dp wrote holding only what beam-dp wrote there (its marker lists that). A
     file, a device, a link or a directory with anything else is never replaced."""
     path = os.path.abspath(path)
+    _check_not_in_an_output(path)
     if not _exists(path, overwrite, "a directory beam-dp wrote"):
         return
     if os.path.islink(path) or not os.path.isdir(path):
@@ -230,6 +231,21 @@ def check_output_directory(path: str, overwrite: bool) -> None:
     if foreign:
         raise _refuse(path, f"holds {len(foreign)} entries beam-dp did not write there or that "
                             "changed since (move them away first)")
+
+
+def _check_not_in_an_output(path: str) -> None:
+    """Refuses an output inside a directory beam-dp wrote: it would become an entry that
+    directory's marker does not list, so that output could no longer be replaced (--overwrite)
+    and a reader of it would find a foreign directory among the released files."""
+    parent = os.path.dirname(path)
+    while True:
+        if os.path.isfile(os.path.join(parent, MARKER)):
+            raise _refuse(path, f"is inside {parent}, an output directory beam-dp wrote: write "
+                                "it elsewhere")
+        up = os.path.dirname(parent)
+        if up == parent:
+            return
+        parent = up
 
 
 def _as_written(path: str, size) -> bool:

@@ -493,6 +493,7 @@ class _Splitter:
         self.key, self.fraction, self.validation = key, fraction, validation_blocks
         self.plan, self.seed, self.ledger, self.state = plan_, seed, ledger, state
         self.scale_features = scale_features
+        self.announce = lambda: None   # the run's opening message, said on the first read
 
     def __call__(self, problem, aggregator):
         from beam_dp.algorithms import noisy_gd
@@ -510,6 +511,7 @@ class _Splitter:
         if not train:
             raise data.DataError("tuning: no rows left to train on")
         if self.state.train_size is None:
+            self.announce()   # (only now: the input's problem passed the checks above)
             self.state.train = train
             if self.validation is None and self.fraction == 0:
                 # Scored on the training rows themselves: one count, the same rows.
@@ -671,8 +673,8 @@ def tune(X=None, y=None, *, input=None, validation=None, algorithm: str = "dpgd"
     picker = mechanisms.secure_generator(root, _STREAM, _SETTINGS)
     default = default_setting(algorithm, model, options, grid, step)
     law = setting_law(settings, default, default_share)
-    say(f"tuning {algorithm} over {len(settings)} settings (mean candidates "
-        f"{mean_candidates:g}, shape {shape:g})")
+    splitter.announce = lambda: say(f"tuning {algorithm} over {len(settings)} settings (mean "
+                                    f"candidates {mean_candidates:g}, shape {shape:g})")
     best = None
     for i in range(k):
         setting = settings[draw_setting(picker, law)]

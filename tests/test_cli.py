@@ -422,6 +422,29 @@ def test_overwrite_replaces_only_what_beam_dp_wrote(tmp_path, cli, small_binary,
     assert os.path.exists("/dev/null") and not os.path.isdir("/dev/null")
 
 
+def test_output_inside_another_output_is_refused_before_training(tmp_path, cli, small_binary,
+                                                                 monkeypatch):
+    """An output nested in a directory beam-dp wrote would be a foreign entry there (its marker
+    does not list it), so that run could never be replaced: refused before any data is read,
+    and nothing written."""
+    from beam_dp import local
+
+    first = tmp_path / "out"
+    assert cli(*train_args(small_binary, first, *LOCAL, *FAST)).code == 0
+    before = _tree(tmp_path)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("training ran although the output is refused")
+
+    monkeypatch.setattr(local.LocalAggregator, "run_stages", refuse)
+    for nested in (first / "again", first / "deeper" / "again"):
+        r = cli(*train_args(small_binary, nested, *LOCAL, *FAST))
+        assert r.code == 2, r
+        (line,) = r.err.splitlines()
+        assert "an output directory beam-dp wrote" in line and str(first) in line
+        assert _tree(tmp_path) == before
+
+
 def test_overwrite_refused_before_training(tmp_path, cli, small_binary, monkeypatch):
     """The output is checked before any data is read."""
     from beam_dp import local

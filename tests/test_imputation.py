@@ -202,9 +202,16 @@ def test_beam_and_local_release_the_same_fills(tmp_path):
 
 def test_tune_refuses_private_fills(tmp_path):
     table, _ = _table(500, seed=7)
+    said = []
     with pytest.raises(ValueError, match="tune does not take median/mean imputation"):
         beam_dp.tune(input=_write(table, tmp_path), label_column="y", model="linear",
-                     missing={"x2": "median"}, epsilon=1.0, seed=1, score_bound_=5.0)
+                     missing={"x2": "median"}, epsilon=1.0, seed=1, score_bound_=5.0,
+                     progress=said.append)
+    assert said == []   # no "tuning ... over 9 settings" before the refusal
+    beam_dp.tune(input=_write(table, tmp_path), label_column="y", model="linear",
+                 missing={"x2": "constant:0"}, epsilon=1.0, seed=1, score_bound_=5.0,
+                 progress=said.append, quality_check="off")
+    assert said[0].startswith("tuning dpgd over 9 settings") and len(said) == 2
 
 
 @pytest.mark.parametrize("bounds", [[-1e308, 1e308], [0.0, 1e-320]])
