@@ -1430,12 +1430,26 @@ def _vocabulary(args) -> int:
     return 0
 
 
+def _class_column_names(model, classes: int) -> list[str]:
+    """softmax's probability columns: probability_<class name> in class-id order (the declared
+    names are public, in model.json), or probability_<id> without declared names."""
+    encoding = model.encoding
+    names = encoding.label_classes if encoding is not None and encoding.label_classes else None
+    return [f"probability_{names[k] if names is not None else k}" for k in range(classes)]
+
+
 def _predict(args) -> int:
     import pyarrow as pa
+    import scipy.special
 
     from beam_dp import api, data, report
 
-    report.check_output_file(args.output, args.overwrite)
+    id_columns = args.id_columns
+    if id_columns is None and args.schema is not None:
+        from beam_dp import schema as schema_mod
+        id_columns = schema_mod.read(args.schema).get("id_columns")
+    id_columns = list(id_columns or ())
+    report.check_output_file(args.output, args.overwrite, id_columns)
     model = api.Model.load(args.model)
     encoding = model.encoding
     if args.vocabulary is not None:
@@ -1449,11 +1463,6 @@ def _predict(args) -> int:
                              "trained with (their SHA-256 differ); the model's own copy is used "
                              "without --vocabulary")
     files = sorted({f for pattern in args.input for f in data.list_files(pattern)})
-    id_columns = args.id_columns
-    if id_columns is None and args.schema is not None:
-        from beam_dp import schema as schema_mod
-        id_columns = schema_mod.read(args.schema).get("id_columns")
-    id_columns = list(id_columns or ())
     predictions, probabilities, dropped, ids = [], [], [], {c: [] for c in id_columns}
     for path in files:
         if id_columns:
@@ -1468,14 +1477,20 @@ def _predict(args) -> int:
                            else np.zeros(len(block), dtype=bool))
             if model.loss.name == "logistic":
                 probabilities.append(api.losses.expit(s[:, 0]))
+            elif model.loss.name == "softmax":
+                probabilities.append(scipy.special.softmax(s, axis=1))
     mask = np.concatenate(dropped) if dropped else np.zeros(0, dtype=bool)
     labels = model.labels_of(np.concatenate(predictions), mask)
     columns = {c: _concat_ids([a for part in ids[c] for a in part.chunks]) for c in id_columns}
     columns["prediction"] = (pa.array(labels.tolist()) if labels.dtype == object
                              else pa.array(labels, mask=mask if mask.any() else None))
-    if probabilities:
+    if probabilities and model.loss.name == "logistic":
         columns["probability"] = pa.array(np.concatenate(probabilities),
                                           mask=mask if mask.any() else None)
+    elif probabilities:   # softmax: one column per class, named by the declared class (or its id)
+        stacked = np.concatenate(probabilities)
+        for k, name in enumerate(_class_column_names(model, stacked.shape[1])):
+            columns[name] = pa.array(stacked[:, k], mask=mask if mask.any() else None)
     # Written beside the target under a fresh temporary name (created exclusively, so no one
     # can plant a link there), then renamed: no partial file on failure.
     directory, name = os.path.split(os.path.abspath(args.output))

@@ -298,14 +298,23 @@ def atomic_directory(path: str, overwrite: bool = False):
         os.replace(tmp, path)
 
 
-PREDICTION_COLUMNS = ("prediction", "probability")
+PREDICTION_COLUMNS = ("prediction", "probability")   # softmax: probability_<class> columns
 
 
-def check_output_file(path: str, overwrite: bool) -> None:
+def is_prediction_column(name: str) -> bool:
+    return name in PREDICTION_COLUMNS or name.startswith("probability_")
+
+
+def check_output_file(path: str, overwrite: bool, id_columns=()) -> None:
     """For ``predict --output``: an existing file is replaced only with ``overwrite`` and only if
-    it is a predictions file beam-dp wrote (a regular file whose columns are exactly ours)."""
+    it is a predictions file beam-dp wrote (a regular file whose columns are exactly ours: the
+    ``id_columns`` asked for now, then "prediction", then probability columns)."""
     from beam_dp import data
 
+    id_columns = list(id_columns)
+    if any(is_prediction_column(c) for c in id_columns):
+        raise ValueError("an id column may not be named prediction, probability or "
+                         "probability_*: predict writes those")
     path = os.path.abspath(path)
     if os.path.isdir(path) and not overwrite:
         raise ValueError(f"{path} is a directory: give a predictions file name (.csv or .parquet)")
@@ -318,7 +327,9 @@ def check_output_file(path: str, overwrite: bool) -> None:
         columns = data.read_schema(path).names
     except data.DataError:
         columns = None
-    if not columns or not set(columns) <= set(PREDICTION_COLUMNS) or columns[0] != "prediction":
+    k = len(id_columns)
+    if (not columns or columns[:k + 1] != id_columns + ["prediction"]
+            or not all(is_prediction_column(c) for c in columns[k + 1:])):
         raise _refuse(path, "is not a predictions file beam-dp wrote")
 
 

@@ -356,11 +356,17 @@ def test_predict_other_models(tmp_path, cli, model, num_classes):
             tmp_path / "data" / "score-*.parquet", "--output", out)
     assert r.code == 0, r
     table = pq.read_table(out)
-    assert table.column_names == ["prediction"]          # a probability only for logistic
+    # No probability for a regression; softmax: one per class, named by class id without names.
+    assert table.column_names == ["prediction"] + (
+        [] if model == "linear" else [f"probability_{k}" for k in range(num_classes)])
     assert table.num_rows == 250 and len(paths) == 2
     scores = x @ theta[:, :-1].T + theta[:, -1]
     expected = scores[:, 0] if model == "linear" else np.argmax(scores, axis=1)
     np.testing.assert_allclose(table["prediction"].to_numpy(), expected, rtol=1e-12)
+    if model == "softmax":
+        from scipy.special import softmax
+        p = np.column_stack([table[f"probability_{k}"].to_numpy() for k in range(num_classes)])
+        np.testing.assert_allclose(p, softmax(scores, axis=1), rtol=1e-12)
 
 
 # ------------------------------------------------------------------ f. existing --output

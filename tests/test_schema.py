@@ -273,6 +273,15 @@ def test_cli_schema_file_train_then_predict_with_id_columns(tmp_path, cli):
     predictions = pq.read_table(tmp_path / "p.parquet")
     assert predictions.column_names == ["id", "prediction", "probability"]
     assert predictions.column("id").to_pylist() == list(range(1000, 2000))
+    # Its own predictions file (id columns first) is replaced with --overwrite; a file with
+    # other columns, or an id column named like an output column, is refused.
+    again = ("predict", "--model", str(out), "--input", parquet, "--output", str(tmp_path / "p.parquet"))
+    assert cli(*again, "--schema", str(tmp_path / "schema.json"), "--overwrite").code == 0
+    assert pq.read_table(tmp_path / "p.parquet").equals(predictions)
+    r = cli(*again, "--overwrite")   # (no id columns now: not the file this would write)
+    assert r.code == 2 and "is not a predictions file beam-dp wrote" in r.err
+    r = cli(*again[:-1], str(tmp_path / "q.csv"), "--id-columns", "probability_x")
+    assert r.code == 2 and "may not be named" in r.err and not (tmp_path / "q.csv").exists()
     x2 = pq.read_table(parquet).column("x2").to_numpy(zero_copy_only=False)
     labels = predictions.column("prediction").to_pylist()
     assert all((p is None) == bool(np.isnan(v)) for p, v in zip(labels, x2))
@@ -284,6 +293,37 @@ def test_cli_schema_file_train_then_predict_with_id_columns(tmp_path, cli):
     assert r.code == 0, r.err
     spec = json.loads((tmp_path / "flipped" / "model.json").read_text())["encoding"]
     assert spec["positive_class"] == "No"
+
+
+def test_softmax_predict_writes_one_probability_column_per_declared_class(tmp_path, cli):
+    g = np.random.default_rng(4)
+    x = g.normal(size=(900, 2))
+    y = np.array(["setosa", "versicolor", "virginica"], dtype=object)[
+        np.argmax(x @ np.array([[2.0, -1.0, -1.0], [0.0, 2.0, -2.0]]), axis=1)]
+    csv = tmp_path / "t.csv"
+    pa_csv.write_csv(pa.table({"x1": x[:, 0], "x2": x[:, 1], "species": y}), csv)
+    (tmp_path / "schema.json").write_text(json.dumps({
+        "label": "species", "label_classes": ["setosa", "versicolor", "virginica"]}))
+    out = tmp_path / "model"
+    r = cli("train", "--input", str(csv), "--schema", str(tmp_path / "schema.json"),
+            "--model", "softmax", "--epsilon", "1", "--runner", "local", "--seed", "2",
+            "--output", str(out))
+    assert r.code == 0, r.err
+    r = cli("predict", "--model", str(out), "--input", str(csv), "--output", str(tmp_path / "p.csv"))
+    assert r.code == 0, r.err
+    table = pa_csv.read_csv(tmp_path / "p.csv")
+    names = ["probability_setosa", "probability_versicolor", "probability_virginica"]
+    assert table.column_names == ["prediction"] + names
+    p = np.column_stack([table[c].to_numpy() for c in names])
+    model = api.Model.load(str(out))
+    features = {"x1": x[:, 0], "x2": x[:, 1]}
+    np.testing.assert_allclose(p, model.predict_proba(features), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(p.sum(axis=1), 1.0, rtol=1e-12)
+    assert table["prediction"].to_pylist() == model.predict(features).tolist()
+    assert np.mean(model.predict(features) == y) > 0.8   # (a model that learned something)
+    # and replaced with --overwrite, as a logistic model's
+    assert cli("predict", "--model", str(out), "--input", str(csv), "--output",
+               str(tmp_path / "p.csv"), "--overwrite").code == 0
 
 
 # ------------------------------------------------------------------------------ real tables
