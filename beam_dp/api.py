@@ -29,7 +29,7 @@ DEFAULT_BEAM_RUNNER = "FnApiRunner"   # DirectRunner first tries to download Pri
 LOCAL = "local"
 
 
-_SCHEMA_DEFAULTS = dict(label_column="label", hash_seed=0)
+_SCHEMA_DEFAULTS = dict(label_column="label", hash_seed=None)
 
 
 class PrivacyWarning(UserWarning):
@@ -49,7 +49,8 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
           epsilon: float | None = None, delta: float = 1e-5,
           noise_multiplier: float | None = None, accountant: str = "pld",
           num_examples: int | None = None, count_epsilon: float | None = None,
-          noise: str | None = None, num_classes: int | None = None, huber_delta: float = 1.0, fit_intercept: bool = True,
+          noise: str | None = None, num_classes: int | None = None, huber_delta: float | None = None,
+          fit_intercept: bool = True,
           label_column: str = "label", feature_columns: Sequence[str] | None = None,
           runner: str | None = None, pipeline_args: Sequence[str] = (),
           batch_rows: int = data.DEFAULT_BATCH_ROWS, seed: int | None = None,
@@ -57,7 +58,7 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
           progress: Callable[[int, int, float], None] | None = None,
           warm_start: "str | Model | None" = None, max_jobs: int | None = None,
           budget_gate: Callable | None = None, categorical_columns: Sequence[str] | None = None,
-          hash_buckets: int | None = None, hash_seed: int = 0, vocabulary: str | None = None,
+          hash_buckets: int | None = None, hash_seed: int | None = None, vocabulary: str | None = None,
           label_classes: Sequence[str] | None = None, positive_class: str | None = None,
           missing: dict | None = None, ignore_columns: Sequence[str] | None = None,
           schema: "str | dict | None" = None, bounds: dict | None = None,
@@ -193,6 +194,14 @@ class _Run:
     choice: dict | None = None    # what --algorithm auto chose and why (None: named by the user)
 
 
+def _imputed_policies(missing: dict | None) -> bool:
+    """Whether a missing-value policy asks for a private fill (median or mean: released by the
+    column scaling, with --scale-epsilon's budget)."""
+    from beam_dp.categorical import IMPUTED_POLICIES
+    return any(str(policy).partition(":")[0] in IMPUTED_POLICIES
+               for policy in (missing or {}).values())
+
+
 def _run(X, y, *, input, algorithm, model, epsilon, delta, noise_multiplier, accountant,
          num_examples, count_epsilon, noise, num_classes, huber_delta, fit_intercept, label_column,
          feature_columns, runner, pipeline_args, batch_rows, seed, steps_per_job=None,
@@ -231,6 +240,15 @@ def _run(X, y, *, input, algorithm, model, epsilon, delta, noise_multiplier, acc
         raise ValueError("steps_per_job and batch_rows must be at least 1")
     loss = losses.make_loss(model, num_classes, huber_delta)
     chosen.check_request(loss, privacy, algorithm_options)   # before any data is read
+    categorical = categorical or {}
+    registry.refuse_ignored(registry.Request(
+        model, privacy, algorithm_options,
+        given=dict(num_classes=num_classes, huber_delta=huber_delta,
+                   hash_seed=categorical.get("hash_seed"), count_epsilon=count_epsilon),
+        categorical_columns=tuple(categorical.get("categorical_columns") or ()),
+        hash_buckets=categorical.get("hash_buckets"),
+        imputed=_imputed_policies(categorical.get("missing")),
+        warm_start=warm_start is not None, user_level=bounding is not None))
     if bounding is not None:   # before the input is read and grouped by user
         chosen.check_user_level()
     if bounds:

@@ -342,7 +342,7 @@ def run(X=None, y=None, *, input=None, canaries: int = DEFAULT_CANARIES,
         epsilon: float | None = None, delta: float = 1e-5, noise_multiplier: float | None = None,
         accountant: str = "pld", num_examples: int | None = None,
         count_epsilon: float | None = None, noise: str | None = None,
-        num_classes: int | None = None, huber_delta: float = 1.0, fit_intercept: bool = True,
+        num_classes: int | None = None, huber_delta: float | None = None, fit_intercept: bool = True,
         label_column: str = "label", feature_columns=None, seed: int | None = None,
         progress=None, budget_gate=None, **options) -> dict:
     """A one-run audit of a training configuration (the arguments of ``beam_dp.train``): trains

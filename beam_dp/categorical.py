@@ -444,7 +444,7 @@ def read_vocabulary(path, columns: Sequence[str]) -> tuple:
 
 
 def make_encoding(numeric: Sequence[str], categorical: Sequence[str], hash_buckets: int | None = None,
-                  hash_seed: int = 0, vocabulary: str | None = None,
+                  hash_seed: int | None = 0, vocabulary: str | None = None,
                   missing: Mapping[str, str] | None = None, label_classes: Sequence[str] | None = None,
                   positive_class: str | None = None) -> Encoding | None:
     """The encoding a run asked for (None: numeric columns as they are, labels as numbers).
@@ -468,7 +468,7 @@ def make_encoding(numeric: Sequence[str], categorical: Sequence[str], hash_bucke
     if classes is not None and len(classes) == 2 and positive_class is None:
         positive_class = classes[1]
     return Encoding(tuple(numeric), tuple(categorical), hash_buckets=hash_buckets,
-                    hash_seed=int(hash_seed), vocabulary=vocab, missing=policies,
+                    hash_seed=int(hash_seed or 0), vocabulary=vocab, missing=policies,
                     label_classes=classes,
                     positive_class=None if positive_class is None else str(positive_class),
                     label_missing=label_missing)

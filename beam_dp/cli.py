@@ -128,8 +128,9 @@ def _add_run_arguments(parser, audit: bool) -> None:
         io.add_argument("--hash-buckets", type=_positive_int, default=None,
                         help="feature hashing of the categorical columns into this many columns "
                              "(public; recorded in model.json)")
-        io.add_argument("--hash-seed", type=int, default=0,
-                        help="the hash's public seed (recorded in model.json)")
+        io.add_argument("--hash-seed", type=int, default=None,
+                        help="the hash's public seed (recorded in model.json); default 0; "
+                             "with --hash-buckets only")
         io.add_argument("--vocabulary", default=None,
                         help="JSON file: categorical column -> list of its values (public; other "
                              "values share an 'other' column; stored in model.json)")
@@ -162,8 +163,9 @@ def _add_run_arguments(parser, audit: bool) -> None:
                        help="logistic (labels 0/1 or -1/+1), softmax (0..K-1), hinge (linear "
                             "SVM), linear (least squares), huber (robust regression)")
     model.add_argument("--num-classes", type=int, default=None,
-                       help="number of classes for --model softmax (public)")
-    model.add_argument("--huber-delta", type=float, default=1.0, help="threshold of --model huber")
+                       help="number of classes for --model softmax (only; public)")
+    model.add_argument("--huber-delta", type=float, default=None,
+                       help="threshold of --model huber (only); default 1")
     model.add_argument("--no-intercept", dest="fit_intercept", action="store_false",
                        help="fit no intercept")
 
@@ -430,7 +432,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     run.add_argument("--steps-per-job", type=_positive_int, default=None,
                      help="full-batch steps unrolled into one Beam job (default: as many as the "
                           "job graph holds, up to 200); with batches fixed in advance (dpsgd), "
-                          "steps between checkpoints. The driver checkpoints between jobs")
+                          "steps between checkpoints. The driver checkpoints between jobs; "
+                          "with --runner local (no jobs), steps between progress reports and "
+                          "checkpoints")
     run.add_argument("--checkpoint-dir", default=None,
                      help="save the (noised) state after every chunk and resume from it (in a "
                           "subdirectory named by the run's release id: new data or settings "

@@ -217,7 +217,12 @@ def _softmax(scores: np.ndarray) -> np.ndarray:
 MODEL_NAMES = ("logistic", "softmax", "linear", "huber", "hinge")
 
 
-def make_loss(model: str, num_classes: int | None = None, huber_delta: float = 1.0) -> GlmLoss:
+DEFAULT_HUBER_DELTA = 1.0
+
+
+def make_loss(model: str, num_classes: int | None = None,
+              huber_delta: float | None = None) -> GlmLoss:
+    """``huber_delta``: --model huber's threshold (None: DEFAULT_HUBER_DELTA)."""
     if model == "logistic":
         return LogisticLoss()
     if model == "hinge":
@@ -225,7 +230,7 @@ def make_loss(model: str, num_classes: int | None = None, huber_delta: float = 1
     if model == "linear":
         return SquaredLoss()
     if model == "huber":
-        return HuberLoss(huber_delta)
+        return HuberLoss(DEFAULT_HUBER_DELTA if huber_delta is None else huber_delta)
     if model == "softmax":
         if num_classes is None:
             raise ValueError("--model softmax needs --num-classes (the class count is public)")

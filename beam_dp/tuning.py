@@ -636,7 +636,20 @@ def tune(X=None, y=None, *, input=None, validation=None, algorithm: str = "dpgd"
     algo_names = {f.name for f in dataclasses.fields(chosen.options)}
     options = {k: v for k, v in fixed.items() if k in algo_names}
     settings = check_grid(grid, algorithm, options)
-    loss = losses.make_loss(model, fixed.get("num_classes"), fixed.get("huber_delta", 1.0))
+    # Options given where they have no effect (registry.ACTS_ONLY_WHEN), before any release, as
+    # the candidates will run them: with a noise multiplier (their precondition auto releases no
+    # counts), the column scaling resolved here (once, by the splitter); tune's own count is
+    # always released. (A candidate's beam_dp.train checks the schema's hash_seed again.)
+    registry.refuse_ignored(registry.Request(
+        model, registry.Privacy(noise_multiplier=1.0, delta=delta),
+        registry.make_options(chosen.options, {
+            **options, **({"scale_features": scale_features, "scale_epsilon": scale_epsilon}
+                          if "scale_features" in algo_names else {})}),
+        given={k: fixed.get(k) for k in ("num_classes", "huber_delta", "hash_seed")},
+        categorical_columns=tuple(fixed.get("categorical_columns") or ()),
+        hash_buckets=fixed.get("hash_buckets"),
+        imputed=api._imputed_policies(fixed.get("missing"))))
+    loss = losses.make_loss(model, fixed.get("num_classes"), fixed.get("huber_delta"))
     bound = score_bound(loss, score, score_bound_)
     if scale_features != "none" and "feature_norm" in grid:
         raise ValueError("--grid feature_norm and --scale-features: choose one")

@@ -957,8 +957,11 @@ _ADAPTIVE_QUANTILE = option(
           "follows this quantile of the per-row gradient norms, from a noisy count of the rows "
           "below it (dpsgd: of the step's sampled rows) made in the same pass (accounted with the "
           "step; float noise); default off: a fixed clip norm", low=0, low_open=True, high=1)
-_ADAPTIVE_RATE = option(0.2, "eta_C of adaptive clipping's geometric update "
-                             "C <- C exp(-eta_C (b - gamma))", low=0, low_open=True)
+# (None when not given, so that one given without --adaptive-clip-quantile is refused:
+# registry.ACTS_ONLY_WHEN; NoisyGDConfig's 0.2 applies)
+_ADAPTIVE_RATE = option(None, "eta_C of adaptive clipping's geometric update "
+                              "C <- C exp(-eta_C (b - gamma)), with --adaptive-clip-quantile; "
+                              "default 0.2", low=0, low_open=True)
 
 
 @dataclasses.dataclass
@@ -1002,7 +1005,7 @@ class DpgdOptions:
                     "it was 1-2 points below 'gaussian'",
         choices=("gaussian", "projection"))
     adaptive_clip_quantile: float | None = _ADAPTIVE_QUANTILE
-    adaptive_clip_rate: float = _ADAPTIVE_RATE
+    adaptive_clip_rate: float | None = _ADAPTIVE_RATE
 
 
 @dataclasses.dataclass
@@ -1033,7 +1036,7 @@ class ScaledDpsgdOptions(DpsgdOptions):
     scale_features: str = _SCALE
     scale_epsilon: float | None = _SCALE_EPSILON
     adaptive_clip_quantile: float | None = _ADAPTIVE_QUANTILE
-    adaptive_clip_rate: float = _ADAPTIVE_RATE
+    adaptive_clip_rate: float | None = _ADAPTIVE_RATE
 
 
 def core_config(name: str, options, problem: Problem, exclude=(), secure: bool = False) -> NoisyGDConfig:
@@ -1041,6 +1044,8 @@ def core_config(name: str, options, problem: Problem, exclude=(), secure: bool =
     and the shared problem; the noise as asked, else secure only if the algorithm has it."""
     shared = {k: v for k, v in dataclasses.asdict(options).items()
               if k not in exclude and k in NoisyGDConfig.__dataclass_fields__}
+    if shared.get("adaptive_clip_rate", 0) is None:
+        del shared["adaptive_clip_rate"]   # not given: the config's default
     privacy = dataclasses.asdict(problem.privacy)
     if not secure:
         privacy["noise"] = "float"   # (Algorithm.check refused an explicit "secure")
@@ -1495,8 +1500,13 @@ def _preconditioned(options, problem: Problem) -> bool:
     if choice == "counts" and problem.privacy.epsilon is None and options.precondition_epsilon is None:
         raise ValueError("--precondition counts with --noise-multiplier needs "
                          "--precondition-epsilon (the counts' budget)")
-    return choice == "counts" or (choice == "auto" and problem.sparse
-                                  and problem.privacy.epsilon is not None)
+    return preconditions(choice, problem.sparse, problem.privacy.epsilon)
+
+
+def preconditions(choice: str | None, sparse: bool, epsilon: float | None) -> bool:
+    """Whether --precondition ``choice`` releases column counts (and so spends
+    --precondition-epsilon): counts, or auto with categorical columns and --epsilon."""
+    return sparse and (choice == "counts" or (choice == "auto" and epsilon is not None))
 
 
 def _column_counts(options, problem: Problem, aggregator, seed: int, ledger):
