@@ -401,12 +401,20 @@ class QuantileStage:
     outliers: float = 0.0
     margin: float = 0.0
     noise: str = "float"    # "secure": the exponential mechanism sampled exactly
+    # Sort each column's releases (the quantiles must then be ascending): independent releases
+    # can cross on small n (a 5th percentile above the 95th). Post-processing, nothing spent, and
+    # the rearranged estimates are never farther from the true (monotone) quantiles in any Lp
+    # norm (Chernozhukov, Fernandez-Val & Galichon 2010, "Quantile and probability curves
+    # without crossing"). Off by default so that existing releases keep their meaning.
+    rearrange: bool = False
 
     def __post_init__(self):
         # The utility's sensitivity is 1 only for quantiles in [0, 1] (a p outside moves the
         # target by more than one rank when a value is added).
         if not all(0.0 <= p <= 1.0 for p in self.quantiles):
             raise ValueError("quantiles must be fractions in [0, 1]")
+        if self.rearrange and list(self.quantiles) != sorted(self.quantiles):
+            raise ValueError("rearranged quantiles must be listed in ascending order")
 
     @property
     def shape(self):
@@ -433,6 +441,8 @@ class QuantileStage:
                 out[c, i] = exponential_mechanism_quantile(
                     total[c], grid[c], -self.outliers, self.epsilon, _rng(self, c, i),
                     quantile=p, margin=self.margin)
+        if self.rearrange:
+            out.sort(axis=1)
         return {**state, self.key: out}
 
     def releases(self):
@@ -920,11 +930,11 @@ def _summary_stages(columns, quantiles, epsilon, delta, seed, value_bound, grid_
     first = [QuantileStage("column_quantiles", Columns(), FixedGrid(column_grid), columns,
                            grid_size, qs, eps_column, seed, (1,),
                            margin=quantile_rank_error_bound(grid_size, eps_column, SUMMARY_FAILURE),
-                           noise=noise),
+                           noise=noise, rearrange=True),
              QuantileStage("norm_quantiles", Norms(), FixedGrid(norm_grid), 1, grid_size,
                            norm_qs, eps_norm, seed, (2,),
                            margin=quantile_rank_error_bound(grid_size, eps_norm, SUMMARY_FAILURE),
-                           noise=noise)]
+                           noise=noise, rearrange=True)]
     if count:
         first.insert(0, CountStage(0.05 * epsilon, seed, (0,), noise=noise))
     return [PackedStages(tuple(first)),
@@ -953,7 +963,8 @@ def summary(state: dict, stages, feature_names, count_source: str,
       (``QuantileStage.margin``), so they are about the E/n-th quantile from that end, not p;
     * means: the standard error of the Gaussian noise, sigma * ||(hi - lo)/2||_2 / n (public: the
       noise multiplier, the released clipping bounds and the released count), and the 95%
-      interval mean +- 1.96 se cut to [lo, hi]. The interval covers the noise only: the clipping
+      interval mean +- 1.96 se cut to [lo, hi] (the noisy mean itself projected onto [lo, hi]).
+      The quantiles are sorted per column (``QuantileStage.rearrange``), so lo <= hi. The interval covers the noise only: the clipping
       to [lo, hi] biases a mean when values lie outside, and a count error scales (mean - mid).
     """
     by_key = {getattr(s, "key", None): s for s in _flat_stages(stages)}
@@ -989,7 +1000,9 @@ def summary(state: dict, stages, feature_names, count_source: str,
     se = means.noise_multiplier * means.sensitivity(state) / max(n, 1.0)
     columns = {}
     for j, name in enumerate(feature_names):
-        mean = float(state["column_means"][j])
+        # A mean of values clipped to [lo, hi] lies in [lo, hi]: the noisy one is projected
+        # there (post-processing, never farther from it), so its interval is never crossed.
+        mean = min(max(float(state["column_means"][j]), float(lo[j])), float(hi[j]))
         columns[name] = {
             "mean": mean,
             "mean_standard_error": se,

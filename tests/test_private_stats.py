@@ -690,3 +690,55 @@ def test_dpsgd_f_on_local_and_beam_runners_gives_the_same_model(tmp_path, cli, s
     assert privacy["epsilon"] == pytest.approx(recompute_epsilon(privacy), rel=1e-9)
     assert privacy["epsilon"] <= privacy["requested_epsilon"] == 1.0
     assert privacy["epsilon"] >= 0.99
+
+
+def _tiny_summary(seed, rearrange=True, monkeypatch=None):
+    x = np.random.default_rng(seed).normal(size=(40, 3)) * [1.0, 100.0, 1e4]
+    stages = stats.dataset_summary_stages(3, (0.05, 0.5, 0.95), 0.5, 1e-5, seed)
+    if not rearrange:
+        import dataclasses
+        stages = [stats.PackedStages(tuple(dataclasses.replace(s, rearrange=False)
+                                           if isinstance(s, stats.QuantileStage) else s
+                                           for s in stages[0].stages))] + stages[1:]
+    state = LocalAggregator(_blocks(x)).run_stages(stages, {})
+    return state, stats.summary(state, stages, ["a", "b", "c"], "laplace")
+
+
+def test_stats_quantiles_never_cross_and_mean_intervals_keep_their_order():
+    """At 40 rows and epsilon 0.5 the independent quantile releases are mostly noise and cross
+    (a 5th percentile above the 95th, then a zero-width clipping range for the mean) in most
+    runs; rearranged (sorted per column, post-processing) they never do."""
+    crossed = 0
+    for seed in range(20):
+        raw, _ = _tiny_summary(seed, rearrange=False)
+        crossed += int(np.any(np.diff(raw["column_quantiles"], axis=1) < 0))
+        state, report = _tiny_summary(seed)
+        assert np.all(np.diff(state["column_quantiles"], axis=1) >= 0)
+        # the same releases, only their order within a column changed
+        np.testing.assert_array_equal(np.sort(raw["column_quantiles"], axis=1),
+                                      state["column_quantiles"])
+        for column in report["columns"].values():
+            low, high = column["mean_interval_95"]
+            clip_low, clip_high = column["mean_clipped_to"]
+            assert clip_low <= clip_high and clip_low <= low <= column["mean"] <= high <= clip_high
+            q = [column["quantiles"][k] for k in ("0.05", "0.5", "0.95")]
+            assert q == sorted(q)
+    assert crossed >= 5   # (the test would see a crossing without the rearrangement)
+
+
+def test_a_noisy_mean_past_its_clipping_range_is_projected_onto_it():
+    """The noise can carry a clipped mean past its range (then its interval was crossed); the
+    true clipped mean lies in the range, so the summary projects the release onto it."""
+    state, _ = _tiny_summary(3)
+    stages = stats.dataset_summary_stages(3, (0.05, 0.5, 0.95), 0.5, 1e-5, 3)
+    q = state["column_quantiles"]
+    means = np.array(state["column_means"], dtype=float)
+    means[0] = q[0, -1] + 1e3 * (q[0, -1] - q[0, 0] + 1.0)   # far above the 95th percentile
+    means[1] = q[1, 0] - 1e3 * (q[1, -1] - q[1, 0] + 1.0)    # far below the 5th
+    report = stats.summary({**state, "column_means": means}, stages, ["a", "b", "c"], "laplace")
+    a, b = report["columns"]["a"], report["columns"]["b"]
+    assert a["mean"] == a["mean_clipped_to"][1] == a["mean_interval_95"][1]
+    assert b["mean"] == b["mean_clipped_to"][0] == b["mean_interval_95"][0]
+    for column in (a, b):
+        low, high = column["mean_interval_95"]
+        assert column["mean_clipped_to"][0] <= low <= high <= column["mean_clipped_to"][1]
