@@ -315,7 +315,14 @@ def check_output_file(path: str, overwrite: bool, id_columns=()) -> None:
     if any(is_prediction_column(c) for c in id_columns):
         raise ValueError("an id column may not be named prediction, probability or "
                          "probability_*: predict writes those")
+    if len(set(id_columns)) != len(id_columns):
+        # (a table cannot hold one name twice: it had failed only when writing, after every
+        # prediction was made, as "cannot write ...: ArrowInvalid")
+        raise ValueError("--id-columns names a column twice")
     path = os.path.abspath(path)
+    # A predictions file inside a model's (or any beam-dp) output directory would be a foreign
+    # entry there, as an output directory would: that directory could no longer be replaced.
+    _check_not_in_an_output(path)
     if os.path.isdir(path) and not overwrite:
         raise ValueError(f"{path} is a directory: give a predictions file name (.csv or .parquet)")
     if not _exists(path, overwrite, "a predictions file beam-dp wrote"):

@@ -636,19 +636,33 @@ def tune(X=None, y=None, *, input=None, validation=None, algorithm: str = "dpgd"
     algo_names = {f.name for f in dataclasses.fields(chosen.options)}
     options = {k: v for k, v in fixed.items() if k in algo_names}
     settings = check_grid(grid, algorithm, options)
+    # Releases a candidate would add outside the plan (which accounts for its steps, the count
+    # and the ranges): refused before any data is read. They had failed only at the first
+    # candidate, after the input was read ("released more than the tuning plan accounts for").
+    if options.get("adaptive_clip_quantile") is not None:
+        raise ValueError("tuning does not take --adaptive-clip-quantile yet: a candidate's noisy "
+                         "clip counts are not in the tuning plan; fix --clip-norm or tune it "
+                         "(--grid clip_norm=...)")
+    if options.get("precondition") == "counts":
+        raise ValueError("tuning does not take --precondition counts yet: a candidate's column "
+                         "counts are not in the tuning plan; use --precondition auto or none")
     # Options given where they have no effect (registry.ACTS_ONLY_WHEN), before any release, as
     # the candidates will run them: with a noise multiplier (their precondition auto releases no
     # counts), the column scaling resolved here (once, by the splitter); tune's own count is
-    # always released. (A candidate's beam_dp.train checks the schema's hash_seed again.)
+    # always released. The table as declared by the keywords and the schema together (a
+    # schema's categorical columns, hash_buckets, hash_seed or missing policies count as flags'
+    # do: checking the keywords alone refused --precondition-epsilon or --hash-seed with a
+    # schema's categorical columns).
+    table = _with_schema(fixed)
     registry.refuse_ignored(registry.Request(
         model, registry.Privacy(noise_multiplier=1.0, delta=delta),
         registry.make_options(chosen.options, {
             **options, **({"scale_features": scale_features, "scale_epsilon": scale_epsilon}
                           if "scale_features" in algo_names else {})}),
-        given={k: fixed.get(k) for k in ("num_classes", "huber_delta", "hash_seed")},
-        categorical_columns=tuple(fixed.get("categorical_columns") or ()),
-        hash_buckets=fixed.get("hash_buckets"),
-        imputed=api._imputed_policies(fixed.get("missing"))))
+        given={k: table.get(k) for k in ("num_classes", "huber_delta", "hash_seed")},
+        categorical_columns=tuple(table.get("categorical_columns") or ()),
+        hash_buckets=table.get("hash_buckets"),
+        imputed=api._imputed_policies(table.get("missing"))))
     loss = losses.make_loss(model, fixed.get("num_classes"), fixed.get("huber_delta"))
     bound = score_bound(loss, score, score_bound_)
     if scale_features != "none" and "feature_norm" in grid:
@@ -798,19 +812,29 @@ def _validation_reader(files, batch_rows):
     return read
 
 
+def _with_schema(fixed: dict) -> dict:
+    """``fixed``'s table keywords merged over its ``schema``'s (file or dict) as
+    ``beam_dp.train`` merges them for each candidate: what the run declares, before any data is
+    read (a keyword left at its default takes the schema's value)."""
+    from beam_dp import api
+    from beam_dp import schema as schema_mod
+    declared = fixed.get("schema")
+    if declared is None:
+        return dict(fixed)
+    declared = (schema_mod.read(declared) if isinstance(declared, str)
+                else schema_mod.from_dict(declared))
+    declared.pop("id_columns", None)   # predict's
+    return schema_mod.merge(declared, fixed, api._SCHEMA_DEFAULTS)
+
+
 def _refuse_user_level(fixed: dict) -> None:
     """A privacy unit (keyword or the schema's ``privacy_unit``) is refused before any release:
     the candidates train on the splitter's row-level blocks, never grouped or bounded by user,
     and the selection is accounted under add/remove one row. It had been dropped silently (the
     CLI did not pass the flag on, so the user column became a feature)."""
-    from beam_dp import schema as schema_mod
-    declared = fixed.get("schema")
-    if isinstance(declared, str):
-        declared = schema_mod.read(declared)
-    elif declared is not None:
-        declared = schema_mod.from_dict(declared)
-    if (fixed.get("privacy_unit_column") is not None or fixed.get("max_rows_per_user") is not None
-            or (declared or {}).get("privacy_unit_column") is not None):
+    table = _with_schema(fixed)
+    if (table.get("privacy_unit_column") is not None
+            or fixed.get("max_rows_per_user") is not None):
         raise ValueError("beam-dp tune does not take user-level privacy yet (--privacy-unit-column, "
                          "--max-rows-per-user, the schema's privacy_unit): its candidates train "
                          "and are scored per row; use beam-dp train")

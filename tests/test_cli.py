@@ -451,6 +451,37 @@ def test_output_inside_another_output_is_refused_before_training(tmp_path, cli, 
         assert _tree(tmp_path) == before
 
 
+def test_predictions_inside_an_output_and_repeated_id_columns_refused_first(tmp_path, cli,
+                                                                             small_binary,
+                                                                             monkeypatch):
+    """A predictions file inside a model's output directory would be a foreign entry there (that
+    run could then never be replaced: it had been written, and the next --overwrite of the
+    model refused); a column named twice in --id-columns had failed only when the file was
+    written, after every prediction ("ArrowInvalid"). Both refused before any row is read."""
+    from beam_dp import data
+
+    model_dir = tmp_path / "model"
+    assert cli(*train_args(small_binary, model_dir, *LOCAL, *FAST)).code == 0
+    before = _tree(tmp_path)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("rows were read although the output is refused")
+
+    monkeypatch.setattr(data, "list_files", refuse)
+    for output, extra, why in (
+            (model_dir / "pred.csv", (), "an output directory beam-dp wrote"),
+            (tmp_path / "pred.csv", ("--id-columns", "x0,x0"), "names a column twice")):
+        r = cli("predict", "--model", model_dir, "--input", small_binary["train_glob"],
+                "--output", output, *extra)
+        assert r.code == 2, r
+        (line,) = r.err.splitlines()
+        assert why in line, line
+        assert _tree(tmp_path) == before
+    monkeypatch.undo()
+    # the model's directory is still replaceable
+    assert cli(*train_args(small_binary, model_dir, *LOCAL, *FAST, "--overwrite")).code == 0
+
+
 def test_overwrite_refused_before_training(tmp_path, cli, small_binary, monkeypatch):
     """The output is checked before any data is read."""
     from beam_dp import local

@@ -136,6 +136,43 @@ def test_tune_refuses_a_scale_epsilon_it_would_spend_on_nothing(tmp_path, cli, t
     assert not os.path.exists(out)
 
 
+def test_tune_reads_the_schema_for_the_refusals(tmp_path, cli, table):
+    """tune's check took the table from its keywords alone: a schema's categorical columns and
+    hash_buckets did not count, so --hash-seed (and --precondition-epsilon) were refused as
+    having no effect although the candidates hash with that seed."""
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"categorical": ["city"], "hash_buckets": 8,
+                                  "numeric": ["x1", "x2"]}))
+    out = tmp_path / "tuned"
+    result = cli("tune", "--input", table["csv"], "--output", str(out), "--epsilon", "1",
+                 "--schema", str(schema), "--hash-seed", "3", "--seed", "1",
+                 "--grid", "clip_norm=1", "--steps", "3")
+    assert result.code == 0, result
+    assert json.loads((out / "model.json").read_text())["encoding"]["hash_seed"] == 3
+
+
+@pytest.mark.parametrize("flags,refusal", [
+    (("--adaptive-clip-quantile", "0.5"), "does not take --adaptive-clip-quantile"),
+    (("--precondition", "counts", "--precondition-epsilon", "0.1"),
+     "does not take --precondition counts")])
+def test_tune_refuses_releases_outside_its_plan_before_reading(tmp_path, cli, table, flags,
+                                                               refusal, monkeypatch):
+    """Both had failed only at the first candidate, after the input was read and split."""
+    from beam_dp import data, tuning
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the input was read although the request is refused")
+
+    monkeypatch.setattr(data, "blocks_from_file", refuse)
+    monkeypatch.setattr(tuning._Splitter, "__call__", refuse)
+    out = tmp_path / "tuned"
+    result = cli("tune", "--input", table["csv"], "--output", str(out), "--epsilon", "1",
+                 "--categorical-columns", "city", "--hash-buckets", "8",
+                 "--feature-columns", "x1,x2", "--seed", "1", *flags)
+    assert result.code == 2 and refusal in result.err, result
+    assert not os.path.exists(out)
+
+
 def test_steps_per_job_acts_in_process_too(table):
     """Not in the table: with --runner local it sets how often progress is reported (and the
     state checkpointed), so it is kept."""
