@@ -337,7 +337,9 @@ def check_output_file(path: str, overwrite: bool, id_columns=()) -> None:
     k = len(id_columns)
     if (not columns or columns[:k + 1] != id_columns + ["prediction"]
             or not all(is_prediction_column(c) for c in columns[k + 1:])):
-        raise _refuse(path, "is not a predictions file beam-dp wrote")
+        raise _refuse(path, "is not a predictions file beam-dp wrote"
+                      + (" with these --id-columns (give the ones it was written with)"
+                         if columns and "prediction" in columns else ""))
 
 
 def json_text(value: dict) -> str:

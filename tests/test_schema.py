@@ -279,7 +279,7 @@ def test_cli_schema_file_train_then_predict_with_id_columns(tmp_path, cli):
     assert cli(*again, "--schema", str(tmp_path / "schema.json"), "--overwrite").code == 0
     assert pq.read_table(tmp_path / "p.parquet").equals(predictions)
     r = cli(*again, "--overwrite")   # (no id columns now: not the file this would write)
-    assert r.code == 2 and "is not a predictions file beam-dp wrote" in r.err
+    assert r.code == 2 and "is not a predictions file beam-dp wrote with these --id-columns" in r.err
     r = cli(*again[:-1], str(tmp_path / "q.csv"), "--id-columns", "probability_x")
     assert r.code == 2 and "may not be named" in r.err and not (tmp_path / "q.csv").exists()
     x2 = pq.read_table(parquet).column("x2").to_numpy(zero_copy_only=False)
