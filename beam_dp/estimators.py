@@ -78,6 +78,10 @@ class _DPEstimator(BaseEstimator):
         self.random_state = random_state
         self.tune = tune
 
+    def _loss_options(self) -> dict:
+        """The loss's own keywords (DPHuberRegressor's huber_delta), only where given."""
+        return {}
+
     def _train(self, X, labels, model: str, num_classes=None):
         if self.tune:
             return self._tuned(X, labels, model, num_classes)
@@ -86,7 +90,7 @@ class _DPEstimator(BaseEstimator):
             delta=self.delta, accountant=self.accountant, num_examples=self.num_examples,
             count_epsilon=self.count_epsilon, num_classes=num_classes,
             fit_intercept=self.fit_intercept, seed=_seed(self.random_state),
-            **(self.algorithm_options or {}))
+            **self._loss_options(), **(self.algorithm_options or {}))
         self.coef_ = np.atleast_2d(self.model_.coefficients)
         self.intercept_ = np.atleast_1d(self.model_.intercept)
         self.privacy_report_ = self.model_.privacy_report
@@ -103,7 +107,7 @@ class _DPEstimator(BaseEstimator):
             X, labels, algorithm=self.algorithm, model=model, epsilon=self.epsilon,
             delta=self.delta, count_epsilon=self.count_epsilon, num_classes=num_classes,
             fit_intercept=self.fit_intercept, seed=_seed(self.random_state),
-            **keywords, **(self.algorithm_options or {}))
+            **keywords, **self._loss_options(), **(self.algorithm_options or {}))
         self.coef_ = np.atleast_2d(self.model_.coefficients)
         self.intercept_ = np.atleast_1d(self.model_.intercept)
         self.privacy_report_ = self.model_.privacy_report
@@ -203,6 +207,21 @@ class DPLinearRegression(_DPRegressor):
 
 
 class DPHuberRegressor(_DPRegressor):
-    """Huber regression (robust to outlying targets) with differential privacy."""
+    """Huber regression (robust to outlying targets) with differential privacy. ``huber_delta``:
+    the loss's threshold between squared and absolute error (``beam-dp train --huber-delta``;
+    None: its default 1). (scikit-learn's HuberRegressor calls it ``epsilon``, which here is
+    the privacy budget.)"""
 
     _model = "huber"
+
+    def __init__(self, epsilon=1.0, delta=1e-5, algorithm="dpgd", algorithm_options=None,
+                 accountant="pld", num_examples=None, count_epsilon=None, fit_intercept=True,
+                 random_state=None, tune=None, huber_delta=None):
+        super().__init__(epsilon=epsilon, delta=delta, algorithm=algorithm,
+                         algorithm_options=algorithm_options, accountant=accountant,
+                         num_examples=num_examples, count_epsilon=count_epsilon,
+                         fit_intercept=fit_intercept, random_state=random_state, tune=tune)
+        self.huber_delta = huber_delta
+
+    def _loss_options(self) -> dict:
+        return {} if self.huber_delta is None else {"huber_delta": self.huber_delta}

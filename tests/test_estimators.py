@@ -271,3 +271,18 @@ def test_conversion_errors_never_quote_a_cell():
     with pytest.raises(ValueError) as info:
         DPLogisticRegression(classes=[0, 1], random_state=0).fit(frame, [0, 1, 0, 1])
     assert "SECRET" not in str(info.value) and info.value.__cause__ is None
+
+
+def test_huber_regressor_takes_its_threshold_as_a_parameter():
+    """huber_delta reaches the loss (as --huber-delta does), survives clone / set_params, and a
+    different threshold gives a different model on targets with outliers."""
+    from sklearn.base import clone
+
+    x, y = synthetic.make_dataset("regression", 2000, 4, seed=45)
+    y = y.copy()
+    y[::20] += 50.0   # outlying targets: where the threshold matters
+    default = DPHuberRegressor(random_state=0).fit(x, y)
+    assert default.get_params()["huber_delta"] is None
+    small = clone(DPHuberRegressor(random_state=0)).set_params(huber_delta=0.1).fit(x, y)
+    assert small.model_.loss.delta == 0.1 and default.model_.loss.delta == 1.0
+    assert not np.allclose(small.coef_, default.coef_)
