@@ -963,8 +963,9 @@ def summary(state: dict, stages, feature_names, count_source: str,
       (``QuantileStage.margin``), so they are about the E/n-th quantile from that end, not p;
     * means: the standard error of the Gaussian noise, sigma * ||(hi - lo)/2||_2 / n (public: the
       noise multiplier, the released clipping bounds and the released count), and the 95%
-      interval mean +- 1.96 se cut to [lo, hi] (the noisy mean itself projected onto [lo, hi]).
-      The quantiles are sorted per column (``QuantileStage.rearrange``), so lo <= hi. The interval covers the noise only: the clipping
+      interval mean +- 1.96 se cut to [lo, hi] (the noisy mean itself projected onto [lo, hi];
+      the quantiles are sorted per column, ``QuantileStage.rearrange``, so lo <= hi). The
+      interval covers the noise only: the clipping
       to [lo, hi] biases a mean when values lie outside, and a count error scales (mean - mid).
     """
     by_key = {getattr(s, "key", None): s for s in _flat_stages(stages)}
