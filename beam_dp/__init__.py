@@ -10,7 +10,8 @@ scikit-learn estimators: ``beam_dp.estimators`` (needs scikit-learn).
 
 __version__ = "0.1.0"
 
-from beam_dp.api import Model, PrivacyWarning, train  # noqa: E402  (after the version)
+from beam_dp.api import PrivacyWarning, train  # noqa: E402  (after the version)
+from beam_dp.model import Model  # noqa: E402
 from beam_dp.tuning import tune  # noqa: E402
 
 __all__ = ["Model", "PrivacyWarning", "train", "tune", "__version__"]

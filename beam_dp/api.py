@@ -4,26 +4,34 @@
     model.predict(X_test); model.predict_proba(X_test); model.score(X_test, y_test)
     model.privacy_report["epsilon"]; model.save("out/model")
 
-Data is either in-memory arrays (trained in-process) or files: ``input="data/train-*.parquet"``
-(a glob, a comma-separated list of globs or a list of paths), trained on Beam's in-process runner
-by default or on any Beam runner (``runner="DataflowRunner", pipeline_args=[...]``), or with
-``runner="local"`` in-process. The algorithm's own options are keyword arguments (their names,
-defaults and ranges: ``beam-dp algorithms``); the CLI and the scikit-learn estimators call this.
+Data is either in-memory arrays (trained in-process), a pandas DataFrame read as a table
+(``beam_dp.train(frame, schema=...)``, in-process: ``beam_dp.frames``) or files:
+``input="data/train-*.parquet"`` (a glob, a comma-separated list of globs or a list of paths),
+trained on Beam's in-process runner by default or on any Beam runner (``runner="DataflowRunner",
+pipeline_args=[...]``), or with ``runner="local"`` in-process. The algorithm's own options are
+keyword arguments (their names, defaults and ranges: ``beam-dp algorithms``); the CLI and the
+scikit-learn estimators call this.
+
+``train`` is a sequence of steps (``_execute``): the request's checks, every refusal before any
+data is read; the rows; the problem they pose; the privacy budget; the training; then the Model
+(``beam_dp.model``) and its report.
 """
 from __future__ import annotations
 
 import dataclasses
 import numbers
-import os
 import warnings
 from typing import Callable, Sequence
 
 import numpy as np
 
-from beam_dp import accounting, data, features, losses, mechanisms, quality, report, user_level
-from beam_dp.algorithms import choice, registry
+from beam_dp import (accounting, data, frames, losses, mechanisms, quality, report,
+                     user_level)
+from beam_dp.algorithms import choice, ignored_options, registry, spec
 from beam_dp import schema as schema_mod
 from beam_dp.categorical import Encoding, make_encoding
+from beam_dp.model import Model
+from beam_dp.warm_start import warm_start_theta
 
 DEFAULT_BEAM_RUNNER = "FnApiRunner"   # DirectRunner first tries to download Prism: no network
 LOCAL = "local"
@@ -84,6 +92,11 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
     everything the run will have released before it releases more (``beam_dp.ledger``'s
     budget across runs; it raises to refuse).
 
+    ``X`` a pandas DataFrame with ``y`` None, a ``schema`` or declared columns (categorical,
+    label classes, missing-value policies, ignored columns, a privacy unit): a table, read as
+    ``input=`` reads a Parquet file with the same schema (``beam_dp.frames``), its labels in its
+    ``label_column`` (or ``y``, added as that column); in-process only.
+
     ``categorical_columns`` (file input): string or integer columns encoded as sparse features
     through ``hash_buckets`` (with the public ``hash_seed``) or a ``vocabulary`` file
     (``beam_dp.categorical``); the model records the encoding and ``predict`` applies it.
@@ -118,64 +131,143 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
     A model not better than a constant gives a ``QualityWarning``; one much worse (or with
     non-finite coefficients) raises ``ModelQualityError`` and no model is returned.
     """
+    _refuse_scaled_noise()
+    table = Table.declared(schema, label_column=label_column, feature_columns=feature_columns,
+                           categorical_columns=categorical_columns, hash_buckets=hash_buckets,
+                           hash_seed=hash_seed, vocabulary=vocabulary, label_classes=label_classes,
+                           positive_class=positive_class, missing=missing,
+                           ignore_columns=ignore_columns, bounds=bounds,
+                           privacy_unit_column=privacy_unit_column)
+    if table.label_classes is not None and model == "softmax" and num_classes is None:
+        num_classes = len(table.label_classes)   # public: the declared classes
+    if input is None and frames.is_frame(X) and (y is None or schema is not None
+                                                 or table.declares_columns()):
+        # A table, not a feature matrix: read as input= reads a file (converted when read).
+        X, y, input = None, None, frames.FrameTable(X, y, table.label_column)
+    request = _Request(
+        input=input, algorithm=algorithm, model=model,
+        privacy=spec.Privacy(epsilon, delta, noise_multiplier, accountant, num_examples,
+                             count_epsilon, noise),
+        num_classes=num_classes, huber_delta=huber_delta, fit_intercept=fit_intercept, table=table,
+        bounding=_user_bounding(table.privacy_unit_column, max_rows_per_user), runner=runner,
+        pipeline_args=pipeline_args, batch_rows=batch_rows, seed=seed, steps_per_job=steps_per_job,
+        checkpoint_dir=checkpoint_dir, progress=progress, warm_start=warm_start,
+        max_jobs=max_jobs, budget_gate=budget_gate, options=options, instrument=_instrument,
+        rows_hint=rows_hint, quality_options=spec.make_options(quality.QualityOptions, dict(
+            quality_check=quality_check, quality_epsilon=quality_epsilon,
+            quality_label_bound=quality_label_bound)))
+    return _model_of(_execute(X, y, request), request)
+
+
+def _refuse_scaled_noise() -> None:
     if mechanisms.NOISE_SCALE_FOR_TESTS != 1.0:   # the audit's broken build must not train models
         raise RuntimeError("this process has mechanisms.NOISE_SCALE_FOR_TESTS set (a test-only "
                            "hook that scales every noise draw): refusing to train")
-    if schema is not None:
-        declared = schema_mod.read(schema) if isinstance(schema, str) else schema_mod.from_dict(schema)
-        declared.pop("id_columns", None)   # predict's
-        given = dict(label_column=label_column, feature_columns=feature_columns,
-                     categorical_columns=categorical_columns, hash_buckets=hash_buckets,
-                     hash_seed=hash_seed, vocabulary=vocabulary, label_classes=label_classes,
-                     positive_class=positive_class, missing=missing, ignore_columns=ignore_columns,
-                     bounds=bounds, privacy_unit_column=privacy_unit_column)
-        merged = schema_mod.merge(declared, given, _SCHEMA_DEFAULTS)
-        (label_column, feature_columns, categorical_columns, hash_buckets, hash_seed, vocabulary,
-         label_classes, positive_class, missing, ignore_columns, bounds,
-         privacy_unit_column) = (merged[k] for k in given)
-    if bounds is not None:
-        bounds = schema_mod.check_bounds(bounds)
-    if label_classes is not None and model == "softmax" and num_classes is None:
-        num_classes = len(label_classes)   # public: the declared classes
-    run = _run(X, y, input=input, algorithm=algorithm, model=model, epsilon=epsilon, delta=delta,
-               noise_multiplier=noise_multiplier, accountant=accountant,
-               num_examples=num_examples, count_epsilon=count_epsilon, noise=noise,
-               num_classes=num_classes, huber_delta=huber_delta, fit_intercept=fit_intercept,
-               label_column=label_column, feature_columns=feature_columns, runner=runner,
-               pipeline_args=pipeline_args, batch_rows=batch_rows, seed=seed,
-               steps_per_job=steps_per_job, checkpoint_dir=checkpoint_dir, progress=progress,
-               warm_start=warm_start, max_jobs=max_jobs, budget_gate=budget_gate, options=options,
-               bounds=bounds, instrument=_instrument, rows_hint=rows_hint,
-               bounding=_user_bounding(privacy_unit_column, max_rows_per_user),
-               categorical=dict(categorical_columns=categorical_columns, hash_buckets=hash_buckets,
-                                hash_seed=hash_seed, vocabulary=vocabulary,
-                                label_classes=label_classes, positive_class=positive_class,
-                                missing=missing, ignore_columns=ignore_columns),
-               quality_options=registry.make_options(quality.QualityOptions, dict(
-                   quality_check=quality_check, quality_epsilon=quality_epsilon,
-                   quality_label_bound=quality_label_bound)))
-    checked = run.quality or {}
-    if checked.get("status") == "much_worse":
-        raise ModelQualityError(quality.refusal_text(checked))
-    artifact = report.model_artifact(run.loss, run.result.theta, run.feature_columns, label_column,
-                                     run.algorithm.name, fit_intercept, run.result.feature_transform,
-                                     run.result.constraint,
-                                     run.encoding.spec() if run.encoding is not None else None)
-    privacy_report = report.privacy_report(run.ledger, run.privacy, run.result, run.algorithm,
-                                           run.options, seed_fixed=seed is not None)
-    if run.quality is not None:
-        privacy_report["quality_check"] = run.quality
-    if run.choice is not None:
-        privacy_report["algorithm_choice"] = run.choice
-    for message in _warnings(privacy_report, run.result.dataset_size):
-        privacy_report.setdefault("warnings", []).append(message)
-        warnings.warn(message, PrivacyWarning, stacklevel=2)
-    if checked.get("status") in ("not_better", "inconclusive"):
-        message = quality.warning_text(
-            checked, (privacy_report.get("hyperparameters") or {}).get("values"))
-        privacy_report.setdefault("warnings", []).append(message)
-        warnings.warn(message, QualityWarning, stacklevel=2)
-    return Model(artifact, privacy_report)
+
+
+_TABLE_ENCODING = ("categorical_columns", "hash_buckets", "hash_seed", "vocabulary",
+                   "label_classes", "positive_class", "missing", "ignore_columns")
+
+
+@dataclasses.dataclass
+class Table:
+    """The table as declared (public, never read from the data): a schema (``beam_dp.schema``,
+    a file or a dict) under ``train``'s keywords, a keyword not at its default winning."""
+
+    label_column: str = "label"
+    feature_columns: Sequence[str] | None = None
+    categorical_columns: Sequence[str] | None = None
+    hash_buckets: int | None = None
+    hash_seed: int | None = None
+    vocabulary: str | dict | None = None
+    label_classes: Sequence[str] | None = None
+    positive_class: str | None = None
+    missing: dict | None = None
+    ignore_columns: Sequence[str] | None = None
+    bounds: dict | None = None
+    privacy_unit_column: str | None = None
+
+    @classmethod
+    def declared(cls, schema: "str | dict | None", **keywords) -> "Table":
+        if schema is not None:
+            declared = (schema_mod.read(schema) if isinstance(schema, str)
+                        else schema_mod.from_dict(schema))
+            declared.pop("id_columns", None)   # predict's
+            keywords = schema_mod.merge(declared, keywords, _SCHEMA_DEFAULTS)
+        table = cls(**keywords)
+        if table.bounds is not None:
+            table.bounds = schema_mod.check_bounds(table.bounds)
+        return table
+
+    def encoding_keywords(self) -> dict:
+        """What the categorical encoding is made from (``file_input``'s ``categorical``)."""
+        return {name: getattr(self, name) for name in _TABLE_ENCODING}
+
+    def declares_columns(self) -> bool:
+        """Whether columns are declared beyond numeric features and a numeric label (what only
+        a table, a file or a DataFrame, can carry)."""
+        return (self.privacy_unit_column is not None
+                or any(v not in (None, 0) for v in self.encoding_keywords().values()))
+
+
+@dataclasses.dataclass
+class _Request:
+    """A training request as given (``train``'s keywords, the table resolved): what each step of
+    ``_execute`` reads."""
+
+    input: object                # files (globs or paths), a frames.FrameTable, or None (arrays)
+    algorithm: str
+    model: str
+    privacy: spec.Privacy    # (validated by the request's checks)
+    num_classes: int | None
+    huber_delta: float | None
+    fit_intercept: bool
+    table: Table
+    bounding: "user_level.UserBounding | None"
+    runner: str | None
+    pipeline_args: Sequence[str]
+    batch_rows: int
+    seed: int | None
+    steps_per_job: int | None = None
+    checkpoint_dir: str | None = None
+    progress: Callable | None = None
+    warm_start: "str | Model | None" = None
+    max_jobs: int | None = None
+    budget_gate: Callable | None = None
+    options: dict = dataclasses.field(default_factory=dict)   # the algorithm's, as given
+    instrument: Callable | None = None
+    rows_hint: int | None = None
+    quality_options: object = None   # quality.QualityOptions (None: no check, e.g. the audit)
+
+
+@dataclasses.dataclass
+class _Checked:
+    """The request after its checks, before any data is read."""
+
+    algorithm: spec.Algorithm
+    options: object              # the algorithm's options
+    loss: losses.GlmLoss
+    choice: "choice.Choice | None" = None   # what algorithm "auto" chose (None: named)
+
+
+@dataclasses.dataclass
+class _Input:
+    """The rows, read: a description for the report, the feature columns, the aggregator over
+    them and the categorical encoding (None: dense numeric features)."""
+
+    files: object
+    feature_columns: list
+    aggregator: object
+    encoding: Encoding | None = None
+
+
+@dataclasses.dataclass
+class _Budget:
+    """The run's ledger and the quality check's reservation in it, made before training."""
+
+    ledger: accounting.Ledger
+    check: object = None         # quality.reserve's check (None: no check runs)
+    verdict: dict | None = None  # the check's report when it does not run (off, skipped)
 
 
 @dataclasses.dataclass
@@ -184,9 +276,9 @@ class _Run:
 
     result: object              # the algorithm's TrainResult
     ledger: accounting.Ledger
-    algorithm: registry.Algorithm
+    algorithm: spec.Algorithm
     options: object
-    privacy: registry.Privacy
+    privacy: spec.Privacy
     loss: losses.GlmLoss
     feature_columns: list
     encoding: Encoding | None = None
@@ -204,143 +296,204 @@ def _imputed_policies(missing: dict | None) -> bool:
 
 def _run(X, y, *, input, algorithm, model, epsilon, delta, noise_multiplier, accountant,
          num_examples, count_epsilon, noise, num_classes, huber_delta, fit_intercept, label_column,
-         feature_columns, runner, pipeline_args, batch_rows, seed, steps_per_job=None,
-         checkpoint_dir=None, progress=None, warm_start=None, max_jobs=None, budget_gate=None,
-         options=None, instrument=None, categorical: dict | None = None,
-         bounds: dict | None = None,
-         bounding: "user_level.UserBounding | None" = None, quality_options=None,
-         rows_hint: int | None = None) -> _Run:
-    """``train`` up to its result: what ``train`` and ``beam_dp.audit.run`` share.
-    ``instrument(problem, aggregator) -> (problem, aggregator)``: the audit's canaries (a wider
-    problem, an aggregator that injects them); None for training. ``quality_options``: the
-    ``quality.QualityOptions`` of the private quality check (None: no check, e.g. the audit).
-    ``algorithm="auto"``: resolved first, from public inputs only (``choice.choose``)."""
-    auto = None
+         feature_columns, runner, pipeline_args, batch_rows, seed, progress=None, options=None,
+         instrument=None, budget_gate=None) -> _Run:
+    """``train`` up to its result, for ``beam_dp.audit.run`` (numeric columns only, no quality
+    check). ``instrument(problem, aggregator) -> (problem, aggregator)``: the audit's canaries
+    (a wider problem, an aggregator that injects them)."""
+    return _execute(X, y, _Request(
+        input=input, algorithm=algorithm, model=model,
+        privacy=spec.Privacy(epsilon, delta, noise_multiplier, accountant, num_examples,
+                             count_epsilon, noise),
+        num_classes=num_classes, huber_delta=huber_delta, fit_intercept=fit_intercept,
+        table=Table(label_column=label_column, feature_columns=feature_columns), bounding=None,
+        runner=runner, pipeline_args=pipeline_args, batch_rows=batch_rows, seed=seed,
+        progress=progress, budget_gate=budget_gate, options=options or {},
+        instrument=instrument))
+
+
+def _execute(X, y, request: _Request) -> _Run:
+    """The steps of a run: every refusal first, then the rows, the problem they pose, the budget,
+    and the training."""
+    checked = _check_request(request)
+    read = _read_input(X, y, request, checked)
+    problem = _problem(request, checked, read)
+    return _fit(request, checked, read, problem, _plan_budget(request, checked, problem))
+
+
+def _check_request(request: _Request) -> _Checked:
+    """The request's refusals, all before any data is read. ``algorithm="auto"``: resolved
+    first, from public inputs only (``choice.choose``)."""
+    auto, algorithm, table = None, request.algorithm, request.table
+    encoding = table.encoding_keywords()
     if algorithm == choice.AUTO:
-        categorical = categorical or {}
-        auto = choice.choose(model, (options or {}).keys(), num_examples=num_examples,
-                             rows_hint=rows_hint,
-                             sparse=bool(categorical.get("categorical_columns")),
-                             user_level=bounding is not None, checkpoint=bool(checkpoint_dir),
-                             warm_start=warm_start is not None, fit_intercept=fit_intercept,
-                             noise=noise)
+        auto = choice.choose(request.model, request.options.keys(),
+                             num_examples=request.privacy.num_examples,
+                             rows_hint=request.rows_hint,
+                             sparse=bool(encoding.get("categorical_columns")),
+                             user_level=request.bounding is not None,
+                             checkpoint=bool(request.checkpoint_dir),
+                             warm_start=request.warm_start is not None,
+                             fit_intercept=request.fit_intercept, noise=request.privacy.noise)
         algorithm = auto.algorithm
-    elif rows_hint is not None:
+    elif request.rows_hint is not None:
         raise ValueError("rows_hint (--rows-hint) is read by algorithm 'auto' only; drop it or "
                          "give --num-examples (a public size the accounting uses)")
     chosen = registry.get(algorithm)
-    if max_jobs is not None and (max_jobs < 1 or not checkpoint_dir):
+    if request.max_jobs is not None and (request.max_jobs < 1 or not request.checkpoint_dir):
         raise ValueError("max_jobs (--max-jobs) must be at least 1 and needs a checkpoint_dir "
                          "(--checkpoint-dir) to go on from")
-    algorithm_options = registry.make_options(chosen.options, options or {})
-    privacy = registry.Privacy(epsilon, delta, noise_multiplier, accountant, num_examples,
-                               count_epsilon, noise)
+    options = spec.make_options(chosen.options, request.options)
+    privacy = request.privacy
     privacy.validate()
-    if (steps_per_job is not None and steps_per_job < 1) or batch_rows < 1:
+    if (request.steps_per_job is not None and request.steps_per_job < 1) or request.batch_rows < 1:
         raise ValueError("steps_per_job and batch_rows must be at least 1")
-    loss = losses.make_loss(model, num_classes, huber_delta)
-    chosen.check_request(loss, privacy, algorithm_options)   # before any data is read
-    categorical = categorical or {}
-    registry.refuse_ignored(registry.Request(
-        model, privacy, algorithm_options,
-        given=dict(num_classes=num_classes, huber_delta=huber_delta,
-                   hash_seed=categorical.get("hash_seed"), count_epsilon=count_epsilon),
-        categorical_columns=tuple(categorical.get("categorical_columns") or ()),
-        hash_buckets=categorical.get("hash_buckets"),
-        imputed=_imputed_policies(categorical.get("missing")),
-        warm_start=warm_start is not None, user_level=bounding is not None))
-    if bounding is not None:   # before the input is read and grouped by user
-        chosen.check_user_level()
-    if bounds:
+    loss = losses.make_loss(request.model, request.num_classes, request.huber_delta)
+    chosen.check_request(loss, privacy, options)
+    ignored_options.refuse_ignored(ignored_options.Request(
+        request.model, privacy, options,
+        given=dict(num_classes=request.num_classes, huber_delta=request.huber_delta,
+                   hash_seed=encoding.get("hash_seed"), count_epsilon=privacy.count_epsilon),
+        categorical_columns=tuple(encoding.get("categorical_columns") or ()),
+        hash_buckets=encoding.get("hash_buckets"),
+        imputed=_imputed_policies(encoding.get("missing")),
+        warm_start=request.warm_start is not None, user_level=request.bounding is not None))
+    if request.bounding is not None:   # before the input is read and grouped by user
+        registry.check_user_level(chosen)
+    if table.bounds:
         # A declaration is applied or refused, never silently dropped: only dpgd and dpsgd's
-        # column scaling (noisy_gd._column_scaling) applies declared ranges (on dense rows, and
+        # column scaling (column_scaling.prepare) applies declared ranges (on dense rows, and
         # on the numeric columns of categorical columns' CSR rows).
         why = (f"--algorithm {chosen.name}" if chosen.name not in SCALING_ALGORITHMS else
                "--feature-norm (another map of the same features)"
-               if getattr(algorithm_options, "feature_norm", None) else None)
+               if getattr(options, "feature_norm", None) else None)
         if why:
             raise ValueError(f"declared bounds are applied by {' and '.join(SCALING_ALGORITHMS)}'s "
                              f"column scaling, not with {why}: leave the bounds out")
-    if (X is None) == (input is None):
+    return _Checked(chosen, options, loss, auto)
+
+
+def _read_input(X, y, request: _Request, checked: _Checked) -> _Input:
+    """The rows: in-memory arrays, a DataFrame read as a table, or files on the runner."""
+    if (X is None) == (request.input is None):
         raise ValueError("give either arrays X, y or input= files")
-    encoding = None
+    table, loss = request.table, checked.loss
     if X is not None:
-        if runner not in (None, LOCAL):
+        if request.runner not in (None, LOCAL):
             raise ValueError("in-memory arrays train in-process; write them to files to use a Beam runner")
-        if bounding is not None:
+        if request.bounding is not None:
             raise ValueError("privacy_unit_column names a column of the input files (input=); "
                              "write the arrays and their user column to files")
-        if categorical and any(v not in (None, 0) for v in categorical.values()):
+        if any(v not in (None, 0) for v in table.encoding_keywords().values()):
             raise ValueError("categorical columns, label classes, missing-value policies and "
                              "ignored columns are read from files (input=); encode in-memory "
                              "arrays first")
-        feature_columns, aggregator = _array_input(X, y, loss, feature_columns, batch_rows)
-        files = "in-memory arrays"
+        names, aggregator = _array_input(X, y, loss, table.feature_columns, request.batch_rows)
+        read = _Input("in-memory arrays", names, aggregator)
+    elif isinstance(request.input, frames.FrameTable):
+        if request.runner not in (None, LOCAL):
+            raise ValueError("a DataFrame trains in-process; write it to files to use a Beam runner")
+        try:
+            _, columns, aggregator, encoding = file_input(
+                [frames.PATH], LOCAL, [], loss, table.label_column, table.feature_columns,
+                request.batch_rows, categorical=table.encoding_keywords(),
+                bounding=request.bounding, opener=request.input.open)
+        except data.DataError as e:
+            raise frames.renamed(e) from None
+        read = _Input(frames.SOURCE, columns, aggregator, encoding)
     else:
-        files, feature_columns, aggregator, encoding = file_input(
-            input, runner or DEFAULT_BEAM_RUNNER, list(pipeline_args), loss, label_column,
-            feature_columns, batch_rows, categorical=categorical, bounding=bounding)
-    if encoding is not None and encoding.imputed and chosen.name not in IMPUTING_ALGORITHMS:
+        read = _Input(*file_input(
+            request.input, request.runner or DEFAULT_BEAM_RUNNER, list(request.pipeline_args), loss,
+            table.label_column, table.feature_columns, request.batch_rows,
+            categorical=table.encoding_keywords(), bounding=request.bounding))
+    if (read.encoding is not None and read.encoding.imputed
+            and checked.algorithm.name not in IMPUTING_ALGORITHMS):
         # The fill is released by dpgd/dpsgd's private ranges stage, the one place that reads
         # the columns' private statistics before training.
-        aggregator.close()
+        read.aggregator.close()
         raise ValueError("median/mean imputation (--missing COLUMN=median or mean) needs "
                          f"--algorithm {' or '.join(IMPUTING_ALGORITHMS)}")
-    if max_jobs is not None and hasattr(aggregator, "max_jobs"):
-        aggregator.max_jobs = max_jobs
-    source = {"files": files, "label_column": label_column, "feature_columns": list(feature_columns)}
+    if request.max_jobs is not None and hasattr(read.aggregator, "max_jobs"):
+        read.aggregator.max_jobs = request.max_jobs
+    return read
+
+
+def _problem(request: _Request, checked: _Checked, read: _Input) -> spec.Problem:
+    """What the algorithm is given: the public description of the input (checkpoints resume
+    only over the same), its declared or inherited ranges, a warm start's coefficients."""
+    table, loss, encoding = request.table, checked.loss, read.encoding
+    columns = list(read.feature_columns)
+    source = {"files": read.files, "label_column": table.label_column, "feature_columns": columns}
     if encoding is not None:   # public: the declared columns and the hash or vocabulary
         source["encoding"] = encoding.spec()
     indicators = [f"{c}_missing" for c in encoding.indicators] if encoding is not None else []
-    if bounds or indicators:
-        source["bounds"] = _declared_bounds(bounds or {}, encoding.dense_names if encoding is not None
-                                            else list(feature_columns), label_column, loss,
-                                            indicators)
+    if table.bounds or indicators:
+        source["bounds"] = _declared_bounds(table.bounds or {}, encoding.dense_names
+                                            if encoding is not None else columns,
+                                            table.label_column, loss, indicators)
     initial = None
-    if warm_start is not None:
-        initial, inherited = _warm_start_theta(warm_start, chosen, loss, list(feature_columns),
-                                               label_column, fit_intercept, algorithm_options,
-                                               encoding)
+    if request.warm_start is not None:
+        initial, inherited = warm_start_theta(request.warm_start, checked.algorithm, loss, columns,
+                                               table.label_column, request.fit_intercept,
+                                               checked.options, encoding)
         if inherited is not None:
             # The released model's column ranges (public) are this run's: its coefficients
             # are in their space, and nothing new is spent on ranges.
-            if "bounds" in source and bounds:
+            if "bounds" in source and table.bounds:
                 raise ValueError("--warm-start from a scaled model takes its ranges: drop the "
                                  "schema's bounds")
             source["bounds"] = inherited
-    problem = registry.Problem(loss, encoding.dim if encoding is not None else len(feature_columns),
-                               privacy, fit_intercept, steps_per_job, checkpoint_dir, source,
-                               seed_fixed=seed is not None, initial_theta=initial,
-                               sparse=encoding is not None and encoding.sparse,
-                               privacy_unit=bounding)
-    if bounding is not None:   # public: the unit's column name and K
-        source["privacy_unit"] = dataclasses.asdict(bounding)
-    chosen.check(problem)
-    if bounding is not None and budget_gate is not None:
+    problem = spec.Problem(loss, encoding.dim if encoding is not None else len(columns),
+                           request.privacy, request.fit_intercept, request.steps_per_job,
+                           request.checkpoint_dir, source, seed_fixed=request.seed is not None,
+                           initial_theta=initial,
+                           sparse=encoding is not None and encoding.sparse,
+                           privacy_unit=request.bounding)
+    if request.bounding is not None:   # public: the unit's column name and K
+        source["privacy_unit"] = dataclasses.asdict(request.bounding)
+    registry.check(checked.algorithm, problem)
+    if request.bounding is not None and request.budget_gate is not None:
         raise ValueError(USER_LEVEL_LEDGER)
-    relation = accounting.USER_ADD_REMOVE if bounding is not None else chosen.relation
-    ledger = accounting.Ledger(accountant, relation, gate=budget_gate)
-    run_seed = seed if seed is not None else mechanisms.secure_seed()
-    check, checked = None, None
-    if quality_options is not None and quality_options.quality_check == "off":
-        checked = {"status": "off", "reason": "quality_check off (--quality-check off)"}
-    elif quality_options is not None and not chosen.quality_check:
-        checked = {"status": "skipped", "reason": f"{chosen.name}: {chosen.why_no_quality_check}"}
-    elif quality_options is not None:
-        # Reserved before training, from public constants: the algorithm's calibration then
-        # meets the total (epsilon, delta) with the check's release in it.
+    return problem
+
+
+def _plan_budget(request: _Request, checked: _Checked, problem: spec.Problem) -> _Budget:
+    """The ledger, and the quality check's release reserved in it before training, from public
+    constants: the algorithm's calibration then meets the total (epsilon, delta) with it."""
+    chosen, quality_options = checked.algorithm, request.quality_options
+    relation = accounting.USER_ADD_REMOVE if request.bounding is not None else chosen.relation
+    budget = _Budget(accounting.Ledger(request.privacy.accountant, relation,
+                                       gate=request.budget_gate))
+    if quality_options is None:
+        return budget
+    if quality_options.quality_check == "off":
+        budget.verdict = {"status": "off", "reason": "quality_check off (--quality-check off)"}
+    elif not chosen.quality_check:
+        budget.verdict = {"status": "skipped", "reason": f"{chosen.name}: {chosen.why_no_quality_check}"}
+    else:
         bound = quality_options.quality_label_bound
         if bound is None:   # an algorithm's own public label bound (ssp's --label-bound), if any
-            bound = getattr(algorithm_options, "label_bound", None)
+            bound = getattr(checked.options, "label_bound", None)
         # Secure noise where the algorithm's is (sparse input: float, as its steps).
-        secure = chosen.secure_noise and not problem.sparse and privacy.noise != "float"
-        check = quality.reserve(ledger, loss, privacy, epsilon=quality_options.quality_epsilon,
-                                label_bound=bound, secure=secure)
+        secure = chosen.secure_noise and not problem.sparse and request.privacy.noise != "float"
+        budget.check = quality.reserve(budget.ledger, checked.loss, request.privacy,
+                                       epsilon=quality_options.quality_epsilon, label_bound=bound,
+                                       secure=secure)
+    return budget
+
+
+def _fit(request: _Request, checked: _Checked, read: _Input, problem: spec.Problem,
+         budget: _Budget) -> _Run:
+    """Trains, releases the fills into the encoding, and runs the reserved quality check."""
+    run_seed = request.seed if request.seed is not None else mechanisms.secure_seed()
+    chosen, options, loss = checked.algorithm, checked.options, checked.loss
+    aggregator, encoding, check, verdict = read.aggregator, read.encoding, budget.check, budget.verdict
+    quality_options = request.quality_options
     try:
-        if instrument is not None:
-            problem, aggregator = instrument(problem, aggregator)
-        result = chosen.train(algorithm_options, problem, aggregator, run_seed, ledger,
-                              progress or (lambda done, total, eps: None))
+        if request.instrument is not None:
+            problem, aggregator = request.instrument(problem, aggregator)
+        result = chosen.train(options, problem, aggregator, run_seed, budget.ledger,
+                              request.progress or (lambda done, total, eps: None))
         if encoding is not None and encoding.imputed:
             # The released fills (public) go into the encoding: model.json's, and so predict's.
             released = (getattr(result, "preprocessing", None) or {}).get("imputation") or {}
@@ -352,7 +505,7 @@ def _run(X, y, *, input, algorithm, model, epsilon, delta, noise_multiplier, acc
         label_range = (getattr(result, "preprocessing", None) or {}).get("label_range")
         if (check is not None and check.label_bound is not None and label_range
                 and quality_options.quality_label_bound is None
-                and getattr(algorithm_options, "label_bound", None) is None):
+                and getattr(options, "label_bound", None) is None):
             check = check.with_label_range(label_range)
         if check is not None:
             # A run resumed after it finished finds its check's release beside the checkpoint.
@@ -361,12 +514,41 @@ def _run(X, y, *, input, algorithm, model, epsilon, delta, noise_multiplier, acc
                 stage = check.stage(loss, result.theta, result.feature_transform, run_seed)
                 noisy = aggregator.run_stages([stage], {})[stage.key]
                 quality.save(problem.checkpoint_dir, result.theta, check, noisy)
-            checked = quality.judged(loss, noisy, check, result.dataset_size["value"],
+            verdict = quality.judged(loss, noisy, check, result.dataset_size["value"],
                                      "the training data")
     finally:
         aggregator.close()
-    return _Run(result, ledger, chosen, algorithm_options, privacy, loss, list(feature_columns),
-                encoding, checked, auto.report() if auto is not None else None)
+    return _Run(result, budget.ledger, chosen, options, request.privacy, loss,
+                list(read.feature_columns), encoding, verdict,
+                checked.choice.report() if checked.choice is not None else None)
+
+
+def _model_of(run: _Run, request: _Request) -> "Model":
+    """The Model and its privacy report; the quality check's verdict refuses or warns."""
+    checked = run.quality or {}
+    if checked.get("status") == "much_worse":
+        raise ModelQualityError(quality.refusal_text(checked))
+    artifact = report.model_artifact(run.loss, run.result.theta, run.feature_columns,
+                                     request.table.label_column, run.algorithm.name,
+                                     request.fit_intercept, run.result.feature_transform,
+                                     run.result.constraint,
+                                     run.encoding.spec() if run.encoding is not None else None)
+    privacy_report = report.privacy_report(run.ledger, run.privacy, run.result, run.algorithm,
+                                           run.options, seed_fixed=request.seed is not None)
+    if run.quality is not None:
+        privacy_report["quality_check"] = run.quality
+    if run.choice is not None:
+        privacy_report["algorithm_choice"] = run.choice
+    # stacklevel 3: the warnings point at the caller of train
+    for message in _warnings(privacy_report, run.result.dataset_size):
+        privacy_report.setdefault("warnings", []).append(message)
+        warnings.warn(message, PrivacyWarning, stacklevel=3)
+    if checked.get("status") in ("not_better", "inconclusive"):
+        message = quality.warning_text(
+            checked, (privacy_report.get("hyperparameters") or {}).get("values"))
+        privacy_report.setdefault("warnings", []).append(message)
+        warnings.warn(message, QualityWarning, stacklevel=3)
+    return Model(artifact, privacy_report)
 
 
 IMPUTING_ALGORITHMS = ("dpgd", "dpsgd")   # whose private ranges stage releases the fills
@@ -395,50 +577,6 @@ def _declared_bounds(bounds: dict, dense_names: list, label_column: str, loss,
             raise ValueError(f"bounds given for '{name}', which is not a numeric feature column "
                              "of this model (nor its label)")
     return {"columns": [[i, *columns[i]] for i in sorted(columns)], "label": label}
-
-
-def _warm_start_theta(warm_start, chosen, loss, feature_columns, label_column, fit_intercept,
-                      algorithm_options, encoding: Encoding | None = None) -> np.ndarray:
-    """The coefficients of a released model to start from, if it fits this run: the same
-    model, features, label and intercept, and no feature transform on either side (a transform
-    would put the coefficients in another space)."""
-    if not chosen.warm_start:
-        supported = ", ".join(a.name for a in registry.algorithms().values() if a.warm_start)
-        raise ValueError(f"{chosen.name} does not start from a model (--warm-start works with "
-                         f"{supported})")
-    try:
-        model = warm_start if isinstance(warm_start, Model) else Model.load(warm_start)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"--warm-start {warm_start}: {' '.join(str(e).split())}") from None
-    artifact = model.artifact
-    mismatch = [what for what, same in (
-        ("model", artifact["model"] == loss.name),
-        ("feature columns", list(artifact["feature_columns"]) == feature_columns),
-        ("categorical encoding", artifact.get("encoding") == (encoding.spec() if encoding else None)),
-        ("label column", artifact["label_column"] == label_column),
-        ("intercept", artifact["fit_intercept"] == fit_intercept),
-        ("number of outputs", model.theta.shape[0] == loss.outputs())) if not same]
-    if mismatch:
-        detail = ""
-        if "feature columns" in mismatch:
-            theirs, ours = list(artifact["feature_columns"]), feature_columns
-            detail = (f" (the model's {len(theirs)}, this run's {len(ours)}; only in the model: "
-                      f"{sorted(set(theirs) - set(ours))[:5]}, only in this run: "
-                      f"{sorted(set(ours) - set(theirs))[:5]})")
-        raise ValueError(f"--warm-start: the model does not fit this run: its "
-                         f"{', '.join(mismatch)} differ{detail}")
-    # A model scaled by ranges (declared or released: public) is continued on the same ranges
-    # (noisy_gd, with --scale-features auto or none); any other map would put the coefficients
-    # in another space.
-    transform = artifact.get("feature_transform") or {}
-    scaled = set(transform) == {"scale_columns"} and hasattr(algorithm_options, "scale_features")
-    if ((transform and not scaled) or getattr(algorithm_options, "feature_norm", None)
-            or getattr(algorithm_options, "scale_features", "none") == "private"):
-        raise ValueError("--warm-start needs models without a feature transform other than "
-                         "column ranges (no --feature-norm, no --scale-features private) on "
-                         "both sides")
-    inherited = features.ranges_as_bounds(transform["scale_columns"]) if scaled else None
-    return np.array(model.theta, dtype=np.float64), inherited
 
 
 LARGE_EPSILON = 10.0
@@ -496,7 +634,7 @@ def _warnings(privacy_report: dict, dataset_size: dict) -> list[str]:
     return found
 
 
-IMPUTE_RANK_ERROR = 0.25   # as --scale-features auto's rule (noisy_gd.AUTO_SCALE_RANK_ERROR)
+IMPUTE_RANK_ERROR = 0.25   # as --scale-features auto's rule (column_scaling.AUTO_SCALE_RANK_ERROR)
 
 
 # Why the budget ledger refuses user-level runs: its Renyi filter composes every run on a
@@ -525,19 +663,24 @@ def _user_bounding(column: str | None, max_rows: int | None):
 
 def file_input(input, runner, pipeline_args, loss, label_column, feature_columns, batch_rows,
                read_label: bool = True, categorical: dict | None = None,
-               bounding: "user_level.UserBounding | None" = None):
+               bounding: "user_level.UserBounding | None" = None, opener=None):
     """The input files, their feature columns, the aggregator for the chosen runner and the
     categorical encoding (None without categorical columns). ``read_label`` False (private
     statistics): the label column is only left out of the default features. ``categorical``:
-    ``categorical_columns``, ``hash_buckets``, ``hash_seed`` and ``vocabulary`` as given."""
-    patterns = [input] if isinstance(input, str) else list(input)
-    files = sorted({f for pattern in patterns for f in data.list_files(pattern)})
-    if not files:   # input=[] or "" (list_files of "" matches nothing without an error)
-        raise data.DataError("no input files given")
-    if runner == LOCAL:
-        open_file = data.open_local
+    ``categorical_columns``, ``hash_buckets``, ``hash_seed`` and ``vocabulary`` as given.
+    ``opener``: reads the files named in ``input`` from elsewhere than a file system (a
+    DataFrame's in-memory file, ``beam_dp.frames``), in-process."""
+    if opener is not None:
+        files, open_file = list(input), opener
     else:
-        from beam_dp.beam.transforms import open_file
+        patterns = [input] if isinstance(input, str) else list(input)
+        files = sorted({f for pattern in patterns for f in data.list_files(pattern)})
+        if not files:   # input=[] or "" (list_files of "" matches nothing without an error)
+            raise data.DataError("no input files given")
+        if runner == LOCAL:
+            open_file = data.open_local
+        else:
+            from beam_dp.beam.transforms import open_file
     categorical = dict(categorical or {})
     named = list(categorical.pop("categorical_columns", None) or ())
     ignore = list(categorical.pop("ignore_columns", None) or ())
@@ -558,7 +701,14 @@ def file_input(input, runner, pipeline_args, loss, label_column, feature_columns
     read = label_column if read_label else None
     if runner == LOCAL:
         from beam_dp.local import LocalAggregator
-        blocks = data.load_blocks(files, read, columns, loss, batch_rows, encoding, user_column)
+        if opener is None:
+            blocks = data.load_blocks(files, read, columns, loss, batch_rows, encoding, user_column)
+        else:   # (data.load_blocks reads the file system)
+            blocks = [b for shard in data.plan_shards(files, batch_rows, opener)
+                      for b in data.blocks_from_shard(shard, read, columns, loss, batch_rows, opener,
+                                                      encoding, user_column)]
+            if not blocks:
+                raise data.DataError(f"{', '.join(files)}: the input has no rows")
         if bounding is not None:   # every user's rows bounded and in one block (one sort)
             blocks = user_level.group_by_user(blocks, bounding.max_rows, batch_rows)
         return files, columns, LocalAggregator(blocks), encoding
@@ -627,210 +777,6 @@ def _array_input(X, y, loss, feature_columns, batch_rows):
 def _numeric_labels(y) -> bool:
     kind = np.asarray(y).dtype.kind
     return kind in "biuf"
-
-
-class Model:
-    """A trained model: the artifact of model.json and, after training, the privacy report.
-
-    ``predict``/``predict_proba``/``decision_function``/``score`` take a feature matrix (or a
-    DataFrame with the feature columns) of raw features: the recorded feature map (e.g. the row
-    normalization training used) is applied first, as training applied it.
-    """
-
-    def __init__(self, artifact: dict, privacy_report: dict | None = None):
-        self.artifact = artifact
-        self.privacy_report = privacy_report
-        self.loss, self.theta, _ = report.load_model_dict(artifact)
-
-    @property
-    def encoding(self) -> Encoding | None:
-        """How categorical columns become features (None: dense numeric features only)."""
-        spec = self.artifact.get("encoding")
-        return Encoding.from_spec(spec) if spec else None
-
-    @property
-    def feature_map(self):
-        """The recorded raw-feature map (identity when none). Built on access, not stored: the
-        identity is a lambda, and a stored lambda made Models (and fitted estimators) unpicklable."""
-        return features.from_spec(self.artifact.get("feature_transform"))
-
-    # -- what it is
-    @property
-    def feature_columns(self) -> list[str]:
-        return list(self.artifact["feature_columns"])
-
-    @property
-    def coefficients(self) -> np.ndarray:
-        return self.theta[:, :-1] if self.loss.outputs() > 1 else self.theta[0, :-1]
-
-    @property
-    def intercept(self):
-        return self.theta[:, -1] if self.loss.outputs() > 1 else float(self.theta[0, -1])
-
-    @property
-    def epsilon(self) -> float | None:
-        return None if self.privacy_report is None else self.privacy_report["epsilon"]
-
-    def __repr__(self):
-        budget = "" if self.privacy_report is None else (
-            f", epsilon={self.privacy_report['epsilon']:.4g}, delta={self.privacy_report['delta']:g}")
-        return (f"Model({self.artifact['model']} by {self.artifact['algorithm']}, "
-                f"{len(self.feature_columns)} features{budget})")
-
-    # -- applying it
-    def block_scores(self, block: data.Block) -> np.ndarray:
-        """(m, k) scores of a block of raw features."""
-        return losses.scores(self.theta, self.feature_map(block).features)
-
-    def _features(self, X):
-        encoding = self.encoding
-        if encoding is not None:
-            return encode_columns(X, encoding)
-        if hasattr(X, "columns") and set(self.feature_columns) <= {str(c) for c in X.columns}:
-            X = X[self.feature_columns]
-        elif isinstance(X, dict):   # columns by name, as a model with an encoding takes them
-            absent = [c for c in self.feature_columns if c not in X]
-            if absent:
-                raise ValueError(f"X lacks the model's column(s): {', '.join(absent)}")
-            X = np.column_stack([np.asarray(X[c]) for c in self.feature_columns])
-        x = data.as_feature_matrix(X)
-        if x.shape[1] != len(self.feature_columns):
-            raise ValueError(f"X has {x.shape[1]} columns; the model has {len(self.feature_columns)} features")
-        data.check_finite(x, "X")
-        return x
-
-    def _rows(self, X):
-        """(features, rows a declared "drop" policy leaves out, or None)."""
-        encoding = self.encoding
-        return encode_rows(X, encoding) if encoding is not None else (self._features(X), None)
-
-    def decision_function(self, X) -> np.ndarray:
-        """Scores; NaN for a row a declared "drop" policy leaves out."""
-        x, dropped = self._rows(X)
-        s = self.block_scores(data.Block(x, np.zeros(x.shape[0])))
-        if dropped is not None:
-            s[dropped] = np.nan
-        return s[:, 0] if s.shape[1] == 1 else s
-
-    def predict(self, X) -> np.ndarray:
-        """Predictions: class ids (or the declared class names, ``label_classes``), or values.
-        A row that a declared "drop" policy would leave out of training gets None (NaN for a
-        regression)."""
-        x, dropped = self._rows(X)
-        return self.labels_of(self._ids(x), dropped)
-
-    def _ids(self, x) -> np.ndarray:
-        """Predicted class ids (or values) of encoded features."""
-        return self.loss.predict(self.block_scores(data.Block(x, np.zeros(x.shape[0]))))
-
-    def labels_of(self, predicted: np.ndarray, dropped: np.ndarray | None = None) -> np.ndarray:
-        """Predicted ids as the declared class names (if any); rows in ``dropped`` as None (or
-        NaN for numbers)."""
-        encoding = self.encoding
-        classes = encoding.label_classes if encoding is not None else None
-        if classes is not None:
-            if len(classes) == 2 and encoding.positive_class is not None:
-                negative = [c for c in classes if c != encoding.positive_class][0]
-                names = np.array([negative, encoding.positive_class], dtype=object)
-            else:
-                names = np.array(classes, dtype=object)
-            predicted = names[np.asarray(predicted, dtype=np.int64)]
-        if dropped is not None and dropped.any():
-            predicted = np.array(predicted, dtype=object if classes is not None or
-                                 self.loss.is_classifier else np.float64)
-            predicted[dropped] = None if predicted.dtype == object else np.nan
-        return predicted
-
-    def predict_proba(self, X) -> np.ndarray:
-        """Class probabilities, (m, 2) for logistic (columns: class 0, class 1) and (m, K) for
-        softmax. Hinge and regression models have none."""
-        if self.loss.name not in ("logistic", "softmax"):
-            raise ValueError(f"a {self.loss.name} model has no class probabilities")
-        s = self.decision_function(X)
-        if self.loss.name == "logistic":
-            p = losses.expit(s)
-            return np.column_stack([1.0 - p, p])
-        from scipy.special import softmax
-        return softmax(s, axis=1)
-
-    def score(self, X, y) -> float:
-        """Accuracy for classifiers, R^2 for regression (scikit-learn's conventions)."""
-        x, dropped = self._rows(X)
-        prediction = self.labels_of(self._ids(x))
-        # Rows a declared "drop" policy leaves out are not scored (they have no prediction).
-        scored = np.ones(len(prediction), dtype=bool) if dropped is None else ~dropped
-        encoding = self.encoding
-        if encoding is not None and encoding.label_classes is not None:
-            truth = np.asarray(y, dtype=object).reshape(-1).astype(str)
-            return float(np.mean(prediction[scored].astype(str) == truth[scored]))
-        prediction = prediction[scored].astype(np.float64)
-        y = np.asarray(y, dtype=np.float64).reshape(-1)[scored]
-        if self.loss.is_classifier:
-            truth = (y > 0).astype(np.int64) if self.loss.name in ("logistic", "hinge") else y
-            return float(np.mean(prediction == truth))
-        residual = float(np.sum((y - prediction) ** 2))
-        total = float(np.sum((y - y.mean()) ** 2))
-        return 1.0 - residual / total if total > 0 else 0.0
-
-    # -- files
-    def save(self, path: str, overwrite: bool = False) -> None:
-        """Writes model.json and privacy_report.json into the directory ``path`` atomically."""
-        with report.atomic_directory(path, overwrite) as out:
-            report.write_json(out, "model.json", self.artifact)
-            if self.privacy_report is not None:
-                report.write_json(out, "privacy_report.json", self.privacy_report)
-
-    @classmethod
-    def load(cls, path: str) -> "Model":
-        """From a directory written by ``save`` or ``beam-dp train``, or a model.json file."""
-        artifact = report.read_model(path)
-        directory = path if os.path.isdir(path) else os.path.dirname(path)
-        privacy_path = os.path.join(directory, "privacy_report.json")
-        privacy = report.read_json(privacy_path) if os.path.exists(privacy_path) else None
-        return cls(artifact, privacy)
-
-
-def encode_columns(X, encoding: Encoding):
-    """The features of in-memory columns (a DataFrame, or a dict of column -> values) through a
-    model's encoding (``encode_rows``, whose flagged rows are left filled with zeros)."""
-    return encode_rows(X, encoding)[0]
-
-
-def encode_rows(X, encoding: Encoding):
-    """(features, dropped rows or None) of in-memory columns (a DataFrame, or a dict of column ->
-    values) through a model's encoding: its numeric columns as numbers (a missing cell by its
-    declared policy, else checked finite), its categorical ones as text. A value the encoding
-    has not seen takes its hash bucket or its column's "other" id. The features are CSR with
-    categorical columns, else dense; a row a "drop" policy leaves out is filled with zeros and
-    flagged in the second value."""
-    import pyarrow as pa
-    if not encoding.categorical and not hasattr(X, "columns") and not isinstance(X, dict):
-        # No categorical columns: a matrix of the numeric columns, in order, will do.
-        x = data.as_feature_matrix(X)
-        if x.shape[1] != len(encoding.numeric):
-            raise ValueError(f"X has {x.shape[1]} columns; the model has {len(encoding.numeric)} "
-                             "features")
-        X = {name: x[:, j] for j, name in enumerate(encoding.numeric)}
-    try:
-        table = pa.Table.from_pandas(X, preserve_index=False) if hasattr(X, "columns") else pa.table(X)
-    except (TypeError, ValueError, pa.ArrowException):
-        raise ValueError("a model with categorical columns predicts from a DataFrame or a dict "
-                         "of columns") from None
-    absent = [c for c in encoding.columns if c not in table.column_names]
-    if absent:
-        raise ValueError(f"X lacks the model's column(s): {', '.join(absent)}")
-    m = table.num_rows
-    numeric = np.empty((m, len(encoding.numeric)))
-    for j, name in enumerate(encoding.numeric):
-        column = table.column(name)
-        if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)
-                or pa.types.is_null(column.type)):
-            raise ValueError(f"column '{name}' must hold numbers")
-        numeric[:, j] = column.cast(pa.float64(), safe=False).to_numpy(zero_copy_only=False)
-    dense, keep = encoding.fill(numeric)   # the declared missing-value policies
-    data.check_finite(dense, "X", 0, encoding.dense_names)
-    return (encoding.encode(dense, {c: table.column(c) for c in encoding.categorical}),
-            None if keep.all() else ~keep)
 
 
 def options_of(algorithm: str) -> dict:

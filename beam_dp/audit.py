@@ -34,7 +34,7 @@ from scipy import special
 
 from beam_dp import mechanisms
 from beam_dp.algorithms import base
-from beam_dp.data import Block
+from beam_dp.block import Block
 
 # The default numbers of guesses, as fractions of m: fixed before any score is seen.
 DEFAULT_GUESS_FRACTIONS = (1 / 50, 1 / 20, 1 / 10, 1 / 5, 1 / 2, 1)

@@ -30,7 +30,7 @@ from typing import BinaryIO, Callable, Iterable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
-from beam_dp.data import Block
+from beam_dp.block import Block
 from beam_dp.sampling import PoissonSampler
 
 # Files of about this many bytes of raw batches (before compression): a group of the batch job's

@@ -10,8 +10,9 @@ from the cells) becomes one nonzero (a 1) per row, in a column chosen by a publi
 * **a vocabulary** (``--vocabulary FILE``, JSON ``{"column": ["value", ...], ...}``): each
   listed value gets its own column, and every other value (and a missing cell) of that column
   shares one "other" column. The file is public (written by the user, or released privately by
-  ``beam-dp vocabulary``, whose partition selection is pipeline-dp's); it is stored in model.json
-  with its SHA-256, and ``predict --vocabulary`` checks a file against it.
+  ``beam-dp vocabulary``, whose partition selection is pipeline-dp's:
+  ``beam_dp.vocabulary_release``); it is stored in model.json with its SHA-256, and
+  ``predict --vocabulary`` checks a file against it.
 
 The model's features are the numeric columns first (as read), then the categorical columns'
 ids: ``Encoding.dim`` of them, in a scipy CSR matrix per block, so a row costs its nonzeros
@@ -57,7 +58,7 @@ def column_seed(name: str, seed: int) -> np.uint64:
     return np.uint64(int.from_bytes(digest, "little"))
 
 
-def _as_text(values: pa.Array) -> pa.Array:
+def as_text(values: pa.Array) -> pa.Array:
     """A categorical column as UTF-8 text (integers by their decimal form), nulls kept."""
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks()
@@ -81,7 +82,7 @@ def hash_text(values: pa.Array, key: np.uint64) -> np.ndarray:
 
     Written here rather than taken from a library: pyarrow's compute functions have no stable,
     seeded hash, and hashing value by value in Python would be a per-example loop."""
-    values = _as_text(values)
+    values = as_text(values)
     n = len(values)
     offsets = np.frombuffer(values.buffers()[1], dtype=np.int64)[values.offset:values.offset + n + 1]
     data = values.buffers()[2]
@@ -107,7 +108,7 @@ def hash_text(values: pa.Array, key: np.uint64) -> np.ndarray:
 
 MISSING_POLICIES = ("constant", "indicator", "drop", "median", "mean")
 # Policies whose fill is a DP release from the column's present values (dpgd/dpsgd's private
-# ranges stage, ``noisy_gd._column_scaling``): until it is released the fill is NaN and the
+# ranges stage, ``column_scaling.prepare``): until it is released the fill is NaN and the
 # column's missing cells stay NaN; the released value is recorded here (model.json) after.
 IMPUTED_POLICIES = ("median", "mean")
 
@@ -294,7 +295,7 @@ class Encoding:
     def label_ids(self, values: pa.Array) -> tuple[np.ndarray, int | None]:
         """(labels as float: class ids, or 0/1 for a binary model's positive class; NaN where
         missing, the first row whose value is not a declared class, or None)."""
-        text = _as_text(values)
+        text = as_text(values)
         index = pc.index_in(text, value_set=_value_set(self.label_classes))
         ids = np.asarray(index.cast(pa.float64()).fill_null(np.nan), dtype=np.float64)
         unknown = np.flatnonzero(np.isnan(ids) & np.asarray(text.is_valid(), dtype=bool))
@@ -313,7 +314,7 @@ class Encoding:
             j = self.categorical.index(name)
             base = self.first_categorical + sum(self.widths()[:j])
             known = _value_set(self.vocabulary[j][1])
-            index = pc.index_in(_as_text(values), value_set=known)
+            index = pc.index_in(as_text(values), value_set=known)
             other = len(self.vocabulary[j][1])
             return base + np.asarray(index.fill_null(other), dtype=np.int64)
         except EncodingError as e:
@@ -497,70 +498,3 @@ def parse_policy(column: str, text: str) -> tuple:
     if not np.isfinite(fill):
         raise EncodingError(f"column '{column}': the fill value must be a finite number")
     return (column, kind, fill)
-
-
-# ------------------------------------------------------------------- a privately released vocabulary
-
-STREAM_VOCABULARY = 9   # mechanisms stream of the partition selection's coins
-VOCABULARY_RELEASE = "partition_selection_vocabulary"
-
-
-def value_counts(files: Sequence[str], columns: Sequence[str], opener, batch_rows: int) -> dict:
-    """Exact counts of every value of each categorical column over the files (rows, not users:
-    one row is one privacy unit), as {column: (values: pa.Array, counts: np.ndarray)}. Arrow's
-    vectorized value counts per block, merged by a group-by: no Python loop over rows or values.
-    Missing cells are not values (they go to the "other" id)."""
-    from beam_dp import data
-
-    parts: dict = {c: [] for c in columns}
-    for path in files:
-        with opener(path) as f:
-            for batch in data._record_batches(path, f, list(columns), batch_rows, None,
-                                              tuple(columns)):
-                for name in columns:
-                    counted = pc.value_counts(_as_text(batch.column(name)).drop_null())
-                    parts[name].append(pa.table({"value": counted.field("values"),
-                                                 "count": counted.field("counts")}))
-    out = {}
-    for name in columns:
-        if not parts[name]:
-            out[name] = (pa.array([], pa.large_string()), np.zeros(0, np.int64))
-            continue
-        merged = pa.concat_tables(parts[name]).group_by("value").aggregate([("count", "sum")])
-        out[name] = (merged.column("value").combine_chunks(),
-                     np.asarray(merged.column("count_sum"), dtype=np.int64))
-    return out
-
-
-def private_vocabulary(counts: dict, epsilon: float, delta: float, seed: int) -> tuple:
-    """The values of each column that pipeline-dp's partition selection keeps (truncated
-    geometric thresholding, Desfontaines, Voss, Gipson & Mandayam 2022), as the
-    ``Encoding.vocabulary`` tuple, each column's values sorted (an order that says nothing of
-    the counts).
-
-    Each row is one value of each of the k columns, so it contributes to at most k partitions
-    (column, value), once each: ``max_partitions_contributed`` = k, and the release is
-    (epsilon, delta)-DP under add/remove of one row. pipeline-dp gives the probability of
-    keeping a partition of count c; the coins are drawn here, from ``seed``'s generator (the OS's
-    secure source without --seed), vectorized over the partitions."""
-    import pipeline_dp
-    from pipeline_dp import partition_selection
-
-    from beam_dp import mechanisms
-
-    strategy = partition_selection.create_partition_selection_strategy(
-        pipeline_dp.PartitionSelectionStrategy.TRUNCATED_GEOMETRIC, epsilon, delta, len(counts))
-    coins = mechanisms.secure_generator(seed, STREAM_VOCABULARY)
-    vocabulary = []
-    for name, (values, n) in counts.items():
-        distinct, inverse = np.unique(n, return_inverse=True)
-        keep_probability = np.array([strategy.probability_of_keep(int(c)) for c in distinct])
-        keep = coins.random(len(n)) < keep_probability[inverse]
-        kept = pc.sort_indices(values.filter(pa.array(keep)))
-        vocabulary.append((name, tuple(values.filter(pa.array(keep)).take(kept).to_pylist())))
-    return tuple(vocabulary)
-
-
-def vocabulary_event(epsilon: float, delta: float):
-    from beam_dp.accounting import ApproxDpEvent
-    return ApproxDpEvent(epsilon, delta)

@@ -1,8 +1,8 @@
 """Blocks of examples read from Parquet or CSV shards, with validation.
 
-A Block is a batch of examples as numpy arrays; it carries where it came from (file and first
-row) so that sampling can be keyed by an example's position, reproducibly on every runner, and so
-that bad input is reported by file and row.
+The Block type itself is ``beam_dp.block``; here are the readers that make Blocks from files
+(and from in-memory arrays), and the checks every input gets: bad input is reported by file
+and row, never by value.
 """
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import collections
 import dataclasses
 import functools
 import glob
-import hashlib
 import os
 from typing import BinaryIO, Callable, Iterator, Sequence
 
@@ -21,7 +20,9 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import scipy.sparse as sp
 
+from beam_dp import categorical, user_level
 from beam_dp import losses as losses_mod
+from beam_dp.block import Block
 
 DEFAULT_BATCH_ROWS = 65536
 
@@ -40,71 +41,6 @@ class DataError(Exception):
     @property
     def detail(self) -> str:
         return str(self)[len(self.MARKER):]
-
-
-@dataclasses.dataclass
-class Block:
-    """A batch of m examples: features (m, d) float64, encoded labels (m,), squared feature norms.
-
-    ``features`` is a numpy array, or a scipy CSR matrix for data with categorical columns
-    (``beam_dp.categorical``): only the algorithms that declare ``sparse_input`` take those.
-
-    ``sq_norms`` are computed plainly, so they are +inf for a row whose squared norm overflows
-    (any entry beyond ~1e154) even though its norm is finite: use ``clipping.row_norms(features,
-    sq_norms)`` for norms. The kernels that consume them (``beam_dp.clipping``) recompute such
-    rows exactly.
-    """
-
-    features: np.ndarray
-    labels: np.ndarray
-    source: str = ""
-    row_start: int = 0
-    sq_norms: np.ndarray | None = None
-    tag: int = -1   # which part of a partitioned dataset the rows belong to (e.g. a block and role)
-    # Read for prediction only (no label): the rows a declared "drop" policy would leave out of
-    # training, which get no prediction (None: none).
-    dropped: np.ndarray | None = None
-    # User-level privacy (``beam_dp.user_level``): each row's privacy unit as a 64-bit key
-    # (a hash of the --privacy-unit-column value, never the value); None: rows are the unit.
-    users: np.ndarray | None = None
-
-    def __post_init__(self):
-        if self.sq_norms is None:
-            # Overflow to inf is expected (and handled downstream) for huge rows; say nothing.
-            with np.errstate(over="ignore", under="ignore"):
-                if sp.issparse(self.features):
-                    self.sq_norms = np.asarray(self.features.multiply(self.features).sum(axis=1)).ravel()
-                else:
-                    self.sq_norms = np.einsum("ij,ij->i", self.features, self.features)
-
-    def __len__(self) -> int:
-        return int(self.features.shape[0])
-
-    @property
-    def sparse(self) -> bool:
-        return sp.issparse(self.features)
-
-    @property
-    def key(self) -> int:
-        """A 63-bit integer naming this block's position (file path and first row)."""
-        digest = hashlib.blake2b(f"{self.source}\0{self.row_start}".encode(), digest_size=8).digest()
-        return int.from_bytes(digest, "little") >> 1
-
-    def take(self, rows: np.ndarray) -> "Block":
-        return Block(self.features[rows], self.labels[rows], self.source, self.row_start,
-                     self.sq_norms[rows], self.tag,
-                     users=self.users[rows] if self.users is not None else None)
-
-    def parts(self, tags: np.ndarray):
-        """The rows grouped by ``tags`` (one int per row): a Block per tag present, in tag order,
-        its ``tag`` set, its rows in their order (a batch plan's parts of this block)."""
-        order = np.argsort(tags, kind="stable")
-        bounds = np.flatnonzero(np.diff(tags[order])) + 1
-        for rows in np.split(order, bounds):
-            if rows.size:
-                part = self.take(rows)
-                part.tag = int(tags[rows[0]])
-                yield part
 
 
 def file_format(path: str) -> str:
@@ -339,7 +275,7 @@ def _csv_batches(path: str, f: BinaryIO, columns: list[str],
         rows_read += batch.num_rows
 
 
-def _record_batches(path: str, f: BinaryIO, columns: list[str], batch_rows: int,
+def record_batches(path: str, f: BinaryIO, columns: list[str], batch_rows: int,
                     row_groups: Sequence[int] | None = None,
                     text_columns: Sequence[str] = ()) -> Iterator[pa.RecordBatch]:
     if file_format(path) == "parquet":
@@ -363,7 +299,7 @@ def read_columns(path: str, columns: Sequence[str], batch_rows: int = DEFAULT_BA
     failure = None
     try:
         with opener(path) as f:
-            batches = list(_record_batches(path, f, columns, batch_rows, None, tuple(columns)))
+            batches = list(record_batches(path, f, columns, batch_rows, None, tuple(columns)))
         return {c: pa.chunked_array([b.column(c) for b in batches],
                                     type=batches[0].schema.field(c).type if batches else pa.string())
                 for c in columns}
@@ -412,7 +348,7 @@ def _parse_csv_batch(path: str, batch: pa.RecordBatch, row_start: int,
     parsed, refused = [], []
     for name, column in zip(batch.schema.names, batch.columns):
         if name in text_columns:
-            parsed.append(column)   # an empty cell is missing (``categorical._as_text``)
+            parsed.append(column)   # an empty cell is missing (``categorical.as_text``)
             continue
         # pyarrow's own missing-number tokens ("", "NA", "nan", ...) as nulls, as its CSV
         # number parser would read them (a null is then reported as missing, by row).
@@ -554,7 +490,7 @@ def blocks_from_shard(shard: Shard, label_column: str | None, feature_columns: S
         return   # a Parquet file without row groups: no rows
     try:
         with opener(path) as f:
-            for batch in _record_batches(path, f, columns, batch_rows, shard.row_groups, text):
+            for batch in record_batches(path, f, columns, batch_rows, shard.row_groups, text):
                 m = batch.num_rows
                 if m == 0:
                     continue
@@ -610,7 +546,6 @@ def blocks_from_shard(shard: Shard, label_column: str | None, feature_columns: S
 
 
 def _user_keys(batch: pa.RecordBatch, user_column: str, path: str, row_start: int) -> np.ndarray:
-    from beam_dp import user_level
     column = batch.column(user_column)
     missing = user_level.first_missing_key(column)
     if missing is not None:
@@ -620,19 +555,17 @@ def _user_keys(batch: pa.RecordBatch, user_column: str, path: str, row_start: in
 
 
 def _class_ids(encoding, batch: pa.RecordBatch, label_column: str, path: str):
-    from beam_dp.categorical import EncodingError
     try:
         return encoding.label_ids(batch.column(label_column))
-    except EncodingError as e:
+    except categorical.EncodingError as e:
         failure = f"{path}: column '{label_column}': {e}"
     raise DataError(failure)
 
 
 def _encoded(encoding, numeric: np.ndarray, batch: pa.RecordBatch, path: str):
-    from beam_dp.categorical import EncodingError
     try:
         return encoding.encode(numeric, {c: batch.column(c) for c in encoding.categorical})
-    except EncodingError as e:
+    except categorical.EncodingError as e:
         failure = f"{path}: {e}"
     raise DataError(failure)
 

@@ -16,10 +16,16 @@ from ``y`` (as scikit-learn does), which reveals which labels occur; a ``Privacy
 so (diffprivlib's convention). ``random_state`` fixes the seed, for tests only: without it all
 randomness comes from the OS's secure source. ``tune``: True, or a dict of ``beam_dp.tune``'s
 keywords (``{"grid": {"clip_norm": (0.3, 1, 3)}, "mean_candidates": 10}``), selects the
-algorithm's hyperparameters privately, inside ``epsilon`` (README "Private hyperparameter
+algorithm's hyperparameters privately, inside ``epsilon`` (docs/guide/tuning.md, "Private hyperparameter
 selection"); ``algorithm_options`` are then the fixed ones, and ``tuning_`` says what was
 chosen. Preprocessing inside a ``Pipeline`` (a scaler, say)
 is fitted on the data without privacy; use public bounds there or account for it separately.
+
+``schema`` (``beam_dp.schema``: a dict or a JSON file): ``X`` is then a raw pandas DataFrame,
+read as ``beam_dp.train(frame, schema=...)`` reads it (categorical text columns, missing cells
+by their declared policies, the encoding recorded in the model and applied again by predict);
+``y`` is added as the schema's label column. The classes stay the estimator's (``classes``):
+the schema declares no ``label_classes``.
 """
 from __future__ import annotations
 
@@ -33,7 +39,8 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
 from sklearn.utils.validation import validate_data as _sklearn_validate_data
 
-from beam_dp import api
+from beam_dp import api, frames
+from beam_dp import schema as schema_mod
 
 
 class PrivacyLeakWarning(api.PrivacyWarning):
@@ -66,7 +73,7 @@ class _DPEstimator(BaseEstimator):
 
     def __init__(self, epsilon=1.0, delta=1e-5, algorithm="dpgd", algorithm_options=None,
                  accountant="pld", num_examples=None, count_epsilon=None, fit_intercept=True,
-                 random_state=None, tune=None):
+                 random_state=None, tune=None, schema=None):
         self.epsilon = epsilon
         self.delta = delta
         self.algorithm = algorithm
@@ -77,10 +84,33 @@ class _DPEstimator(BaseEstimator):
         self.fit_intercept = fit_intercept
         self.random_state = random_state
         self.tune = tune
+        self.schema = schema
 
     def _loss_options(self) -> dict:
         """The loss's own keywords (DPHuberRegressor's huber_delta), only where given."""
         return {}
+
+    def _validated(self, X, y=None, reset=True, **checks):
+        """scikit-learn's validation (``validate_data``); with a ``schema``, of the shape and
+        column names only, X kept a raw DataFrame for ``beam_dp.train`` to read as a table."""
+        if self.schema is None:
+            return validate_data(self, X, y, **checks) if reset else validate_data(self, X, reset=False)
+        if not frames.is_frame(X):
+            raise ValueError("with a schema, X is a pandas DataFrame (its columns by name)")
+        raw = dict(dtype=None, ensure_all_finite=False)   # text and missing cells are the table's
+        if not reset:
+            validate_data(self, X, reset=False, **raw)
+            return X
+        declared = (schema_mod.read(self.schema) if isinstance(self.schema, str)
+                    else schema_mod.from_dict(self.schema))
+        if "label_classes" in declared or "positive_class" in declared:
+            raise ValueError("an estimator's classes are its own (classes=): leave label_classes "
+                             "and positive_class out of its schema")
+        _, y = validate_data(self, X, y, **raw, **checks)
+        return X, y
+
+    def _table(self) -> dict:
+        return {} if self.schema is None else {"schema": self.schema}
 
     def _train(self, X, labels, model: str, num_classes=None):
         if self.tune:
@@ -89,7 +119,7 @@ class _DPEstimator(BaseEstimator):
             X, labels, algorithm=self.algorithm, model=model, epsilon=self.epsilon,
             delta=self.delta, accountant=self.accountant, num_examples=self.num_examples,
             count_epsilon=self.count_epsilon, num_classes=num_classes,
-            fit_intercept=self.fit_intercept, seed=_seed(self.random_state),
+            fit_intercept=self.fit_intercept, seed=_seed(self.random_state), **self._table(),
             **self._loss_options(), **(self.algorithm_options or {}))
         self.coef_ = np.atleast_2d(self.model_.coefficients)
         self.intercept_ = np.atleast_1d(self.model_.intercept)
@@ -107,7 +137,7 @@ class _DPEstimator(BaseEstimator):
             X, labels, algorithm=self.algorithm, model=model, epsilon=self.epsilon,
             delta=self.delta, count_epsilon=self.count_epsilon, num_classes=num_classes,
             fit_intercept=self.fit_intercept, seed=_seed(self.random_state),
-            **keywords, **self._loss_options(), **(self.algorithm_options or {}))
+            **keywords, **self._table(), **self._loss_options(), **(self.algorithm_options or {}))
         self.coef_ = np.atleast_2d(self.model_.coefficients)
         self.intercept_ = np.atleast_1d(self.model_.intercept)
         self.privacy_report_ = self.model_.privacy_report
@@ -116,8 +146,7 @@ class _DPEstimator(BaseEstimator):
 
     def _scores(self, X):
         check_is_fitted(self)
-        X = validate_data(self, X, reset=False)
-        return self.model_.decision_function(X)
+        return self.model_.decision_function(self._validated(X, reset=False))
 
 
 class _DPClassifier(ClassifierMixin, _DPEstimator):
@@ -125,13 +154,13 @@ class _DPClassifier(ClassifierMixin, _DPEstimator):
 
     def __init__(self, epsilon=1.0, delta=1e-5, algorithm="dpgd", algorithm_options=None,
                  accountant="pld", num_examples=None, count_epsilon=None, fit_intercept=True,
-                 random_state=None, classes=None, tune=None):
+                 random_state=None, classes=None, tune=None, schema=None):
         super().__init__(epsilon, delta, algorithm, algorithm_options, accountant, num_examples,
-                         count_epsilon, fit_intercept, random_state, tune)
+                         count_epsilon, fit_intercept, random_state, tune, schema)
         self.classes = classes
 
     def fit(self, X, y):
-        X, y = validate_data(self, X, y)
+        X, y = self._validated(X, y)
         # A continuous target is refused as scikit-learn's classifiers refuse it ("Unknown label
         # type"), rather than being read as one class per distinct value.
         check_classification_targets(y)
@@ -160,8 +189,7 @@ class _DPClassifier(ClassifierMixin, _DPEstimator):
 
     def predict(self, X):
         check_is_fitted(self)
-        X = validate_data(self, X, reset=False)
-        return self.classes_[self.model_.predict(X)]
+        return self.classes_[self.model_.predict(self._validated(X, reset=False))]
 
 
 class DPLogisticRegression(_DPClassifier):
@@ -169,8 +197,7 @@ class DPLogisticRegression(_DPClassifier):
 
     def predict_proba(self, X):
         check_is_fitted(self)
-        X = validate_data(self, X, reset=False)
-        return self.model_.predict_proba(X)
+        return self.model_.predict_proba(self._validated(X, reset=False))
 
     def predict_log_proba(self, X):
         with np.errstate(divide="ignore"):
@@ -190,7 +217,7 @@ class DPLinearSVC(_DPClassifier):
 
 class _DPRegressor(RegressorMixin, _DPEstimator):
     def fit(self, X, y):
-        X, y = validate_data(self, X, y, y_numeric=True)
+        X, y = self._validated(X, y, y_numeric=True)
         return self._train(X, y, self._model)
 
     def predict(self, X):
@@ -199,7 +226,7 @@ class _DPRegressor(RegressorMixin, _DPEstimator):
 
 class DPLinearRegression(_DPRegressor):
     """Least-squares regression with differential privacy (default algorithm dpgd; ``ssp`` is
-    the one-pass alternative for few features: see the README's guide). Its defaults suit
+    the one-pass alternative for few features: see docs/guide/algorithms.md). Its defaults suit
     standardized features and targets: scale the target too (e.g. a TransformedTargetRegressor
     with public bounds), since clipping bounds each example's influence."""
 
@@ -216,11 +243,12 @@ class DPHuberRegressor(_DPRegressor):
 
     def __init__(self, epsilon=1.0, delta=1e-5, algorithm="dpgd", algorithm_options=None,
                  accountant="pld", num_examples=None, count_epsilon=None, fit_intercept=True,
-                 random_state=None, tune=None, huber_delta=None):
+                 random_state=None, tune=None, huber_delta=None, schema=None):
         super().__init__(epsilon=epsilon, delta=delta, algorithm=algorithm,
                          algorithm_options=algorithm_options, accountant=accountant,
                          num_examples=num_examples, count_epsilon=count_epsilon,
-                         fit_intercept=fit_intercept, random_state=random_state, tune=tune)
+                         fit_intercept=fit_intercept, random_state=random_state, tune=tune,
+                         schema=schema)
         self.huber_delta = huber_delta
 
     def _loss_options(self) -> dict:

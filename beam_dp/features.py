@@ -11,7 +11,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from beam_dp import clipping
-from beam_dp.data import Block
+from beam_dp.block import Block
 
 
 def _scale_rows(block: Block, target: float, only_shrink: bool) -> Block:

@@ -6,7 +6,7 @@ from typing import Sequence
 
 from beam_dp.algorithms.base import Stage
 from beam_dp.batches import LocalBatches
-from beam_dp.data import Block
+from beam_dp.block import Block
 
 # Steps between progress reports (and checkpoints) of full-batch training: there are no jobs
 # in-process, so this only sets how often the driver reports.

@@ -7,7 +7,7 @@ sampling, statistics) or a keyed hash (``stream_key``: the ChaCha20 streams of t
 noise), so the local and the Beam runner draw identical noise and samples for the same seed,
 whatever the order of execution.
 
-Caveat (written in the README): ``gaussian_noise`` and ``laplace_noise`` are numpy's floating-point
+Caveat (written in docs/secure-noise.md): ``gaussian_noise`` and ``laplace_noise`` are numpy's floating-point
 samplers, not the discrete or snapping mechanisms that defend against floating-point attacks.
 ``discrete_gaussian`` and ``discrete_laplace`` draw integers from the exact laws (up to ~2^-50 in
 total variation) with a ChaCha20 generator from ``secure_generator``, for integer-valued releases.
@@ -101,6 +101,12 @@ def stream_key(seed: int, *stream: int) -> int:
     message = b"".join(int(s).to_bytes(8, "little") for s in stream)
     digest = hashlib.blake2b(message, key=int(seed).to_bytes(16, "little"), digest_size=32)
     return int.from_bytes(digest.digest(), "little")
+
+
+def sampling_seed(seed: int) -> int:
+    """The Poisson sampler's seed: a 128-bit key derived from the root seed (a PRF), so that the
+    batch job's graph, which holds the sampler, holds nothing else of the run's randomness."""
+    return stream_key(seed, STREAM_SAMPLING) >> 128
 
 
 def step_keys(seed: int, first: int, count: int) -> tuple:

@@ -33,7 +33,7 @@ ledger, one relation), and the noise is set for a replaced row: one row's vector
 other v', the sum moves by v' - v. dp_accounting reads a replace-one ``GaussianDpEvent(m)`` as
 noise std m against a unit where a replacement moves the sum by at most 2 units (PLD's REPLACE
 adjacency, sensitivity 2; this library's RDP path halves the multiplier to match:
-``accounting._rdp_replace_one_units``), so the noise std is m x (the bound on ||v' - v|| / 2):
+``rdp_accountant._rdp_replace_one_units``), so the noise std is m x (the bound on ||v' - v|| / 2):
 
 * classifiers: v' - v = [c' - c, e_y' - e_y]; |c' - c| <= 1 and ||e_y' - e_y||^2 <= 2 (two
   one-hots differ in at most two places), so ||v' - v|| <= sqrt(3) (attained: a correct row
@@ -53,7 +53,7 @@ How the replace-one algorithms leave room for it (each used to calibrate to the 
 delta) alone): they calibrate against the ledger, as the add/remove ones do, rather than to a
 hand split (epsilon - share, delta - its share), because a split charges the check at basic
 composition while dp_accounting's PLD composition of a small Gaussian costs far less (the
-algorithms' noise rises by 0.2-0.8 percent, README). ``accounting.prior_event`` is what the
+algorithms' noise rises by 0.2-0.8 percent, docs/benchmarks/privacy-features.md). ``accounting.prior_event`` is what the
 ledger holds when training starts (the check's release), and each calibration measures
 ``accounting.after(prior, its own event)``: mirror-descent's steps, objective-perturbation's and
 output-perturbation's output Gaussian (the objective's (eps1, delta1) stays the paper's split),
@@ -82,7 +82,7 @@ import numpy as np
 from dp_accounting import dp_event as events
 
 from beam_dp import accounting, clipping, features, losses, mechanisms, stats, user_level
-from beam_dp.algorithms import registry
+from beam_dp.algorithms import spec
 
 
 def sensitivity(loss: losses.GlmLoss, relation: str = accounting.ADD_REMOVE) -> float:
@@ -123,18 +123,17 @@ _STREAM = 31          # stats stream of the check's noise (other stages use 0-13
 class QualityOptions:
     """The check's options (flags of ``beam-dp train``, keywords of ``beam_dp.train``)."""
 
-    quality_check: str = registry.option(
-        "on", "after training, compare the model privately with the best constant predictor on "
-              "the training data (noisy sums, budget reserved before training): warn when it is "
-              "not better, stop without writing a model when it is much worse; 'off' skips it",
+    quality_check: str = spec.option(
+        "on", "on: warn when the model is not better than the constant, stop without "
+              "writing it when much worse; off: skip the check",
         choices=("on", "off"))
-    quality_epsilon: float | None = registry.option(
-        None, "the check's share of epsilon (part of the total, not on top of it); default a "
-              "twentieth of epsilon, or the run's noise multiplier with --noise-multiplier",
+    quality_epsilon: float | None = spec.option(
+        None, "the check's share of epsilon (within the total); default epsilon / 20, "
+              "or the run's noise multiplier with --noise-multiplier",
         low=0, low_open=True)
-    quality_label_bound: float | None = registry.option(
-        None, "regression: the public bound L to which the check clamps labels and predictions "
-              "(set it to the labels' scale); default the algorithm's --label-bound, else 4",
+    quality_label_bound: float | None = spec.option(
+        None, "regression: the bound L the check clamps labels and predictions to (the "
+              "labels' scale); default the algorithm's --label-bound, else 4",
         low=0, low_open=True)
 
     def check(self) -> None:
@@ -222,14 +221,14 @@ class QualityStage:
             # a row's norm per user, and the verdict's n is the (noisy) number of users.
             rows = user_level.per_user_means(rows, block.users)
         if self.noise == "secure":
-            return stats._secure_row_sum(rows, self.sensitivity, self.noise_multiplier)
+            return stats.stages._secure_row_sum(rows, self.sensitivity, self.noise_multiplier)
         return rows.sum(axis=0)
 
     def apply(self, state, total):
         if self.noise == "secure":
-            noisy = stats._secure_noisy_sum(self, total, self.sensitivity, self.columns)
+            noisy = stats.stages._secure_noisy_sum(self, total, self.sensitivity, self.columns)
         else:
-            noisy = total + mechanisms.gaussian_noise(stats._rng(self), total.shape,
+            noisy = total + mechanisms.gaussian_noise(stats.stages._rng(self), total.shape,
                                                       self.noise_multiplier * self.sensitivity)
         return {**state, self.key: np.asarray(noisy, dtype=np.float64)}
 

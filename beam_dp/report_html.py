@@ -114,7 +114,9 @@ def coefficient_names(model: dict) -> list[str]:
     encoding = model.get("encoding")
     if not encoding:
         return [str(c) for c in model.get("feature_columns", [])]
+    # The missing-value indicators follow the numeric columns (``Encoding.dense_names``).
     names = [str(c) for c in encoding.get("numeric_columns", [])]
+    names += [str(c) for c in encoding.get("indicator_columns", [])]
     categorical = [str(c) for c in encoding.get("categorical_columns", [])]
     if "hash_buckets" in encoding:
         shared = ", ".join(categorical)

@@ -13,7 +13,7 @@ import dataclasses
 import numpy as np
 
 from beam_dp import mechanisms
-from beam_dp.data import Block
+from beam_dp.block import Block
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,6 @@
-"""Private hyperparameter selection: ``beam-dp tune`` and ``beam_dp.tune(...)``.
+"""Private hyperparameter selection: ``beam-dp tune`` and ``beam_dp.tune(...)``: the grid and its
+setting law, the held-out split, the scores and the driver here; the public plan (the law of the
+number of candidates and the noise calibration) in ``beam_dp.tuning_plan``.
 
 Papernot & Steinke (ICLR 2022, "Hyperparameter tuning with Renyi differential privacy"): run a
 *random* number K of candidates, each a setting drawn from one fixed public law over a small
@@ -8,8 +10,8 @@ negative binomial law of mean ``mean_candidates`` and shape ``shape`` (0: logari
 default, mean 3; 1: geometric), dp_accounting's ``RepeatAndSelectDpEvent(candidate, mean,
 shape)``, which only its RDP accountant handles: the whole run is accounted by RDP.
 
-The setting law (``setting_law``): train's own setting (each grid key at dpgd's default; a
-classifier's step 3x train's, as its candidates run 100 steps where train runs up to 300:
+The setting law (``setting_law``): train's own setting (each grid key at dpgd's default; the
+logistic model's step 3x train's, as its candidates run 100 steps where train runs up to 300:
 ``center_step``) with probability ``default_share`` (default 1/2), else uniform over the grid.
 Every candidate draws afresh from it, so the K candidates are i.i.d. runs of one randomized algorithm, which is what
 the theorem needs (a first candidate fixed to the default would break it).
@@ -92,7 +94,10 @@ from dp_accounting import dp_event as events
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 
 from beam_dp import accounting, data, features, losses, mechanisms, report
-from beam_dp.algorithms import registry
+from beam_dp.algorithms import ignored_options, registry, spec
+from beam_dp.block import Block
+from beam_dp.tuning_plan import (DEFAULT_MEAN_CANDIDATES, DEFAULT_SCORE_SHARE, DEFAULT_SHAPE,
+                                 Plan, draw_candidates, plan)
 
 # Stream ids under the root seed (``mechanisms.secure_generator``): "tune" and a sub-stream.
 _STREAM = 0x74756E65
@@ -117,7 +122,7 @@ DEFAULT_GRIDS = {"dpgd": {"clip_norm": (0.5, 1.0, 2.0), "learning_rate": (1 / 3,
 RELATIVE_TO_DEFAULT_STEP = {"dpgd": ("learning_rate",)}
 # The step the grid's relative steps multiply, per model, as a multiple of the model's default
 # step, when tune sets the candidates' number of steps itself (100, ``_train_candidate``, against
-# train's up to 300 on small tables): a classifier's path (step x steps) then stays train's.
+# train's up to 300 on small tables): the logistic path (step x steps) then stays train's.
 # Measured at epsilon 1 as tune's mean minus train's over the same seeds (bench_raw_tables'
 # splits and schemas; 30 seeds CreditCard, 20 Default; se of the paired differences): the grid
 # centered on 1x the step, CreditCard accuracy -0.0064 (se 0.0024), Default AUC -0.0027 (se
@@ -126,21 +131,6 @@ RELATIVE_TO_DEFAULT_STEP = {"dpgd": ("learning_rate",)}
 # over train's at 1x, +1.91 at 3x).
 CANDIDATE_STEP_FACTOR = {"logistic": 3.0}
 MAX_SETTINGS = 10_000
-# The number of candidates: logarithmic (shape 0) of mean 3. Each candidate's Gaussian multiplier
-# (training and score together) by dp_accounting's RDP accountant at (1, 1e-5), against 4.05 for
-# one Gaussian release at the same budget (``plan``), with the quality check off (with it on at
-# its default share, 5.63 6.07 6.54 7.06 and 6.30 6.99 7.73 8.59: README):
-#     mean        2     3     5    10
-#     shape 0   5.61  6.06  6.51  7.04      P[K = 1]: 0.57 0.45 0.35 0.27
-#     shape 1   6.28  6.97  7.70  8.55      P[K = 1]: 0.50 0.33 0.20 0.10
-# (dp_accounting takes shapes >= 0 only: Papernot & Steinke's eta in (-1, 0) is not available.)
-# The noise is what a tuned model pays on small tables, so the cheapest law that still tries a
-# few settings: shape 0, mean 3 (1.5x one run's noise; it was 2.1x at geometric mean 10). A lone
-# candidate (P 0.45) is train's setting with probability 0.56 (``setting_law``) and otherwise a
-# neighbour of it in the narrow grid. Measured over 10 seeds (narrow grid, default share 1/2):
-# mean 2 / 3 logarithmic and mean 3 geometric within 0.004 of each other on all three tables.
-DEFAULT_MEAN_CANDIDATES = 3.0
-DEFAULT_SHAPE = 0.0
 # Scored on the training rows themselves: the plan composes every candidate's training and its
 # score (no parallel composition), so a held-out part buys no privacy, and it costs a fifth of
 # the rows (measured, 10 seeds, narrow grid: holdout 0.2 gave CreditCard 0.952 and Boston 6.77
@@ -149,8 +139,6 @@ DEFAULT_SHAPE = 0.0
 # remain for whoever wants the score on rows that never trained.
 DEFAULT_HOLDOUT = 0.0
 DEFAULT_SETTING_SHARE = 0.5    # P[a candidate takes train's setting] beyond uniform: setting_law
-DEFAULT_SCORE_SHARE = 0.1      # of the candidate's 1 / sigma^2
-DEFAULT_COUNT_SHARE = 0.01     # of epsilon, as train's private count
 CLASSIFIER_SCORE_BOUND = 2.0   # log loss / hinge loss clipped here (ln 2 = the zero model's)
 SCORES = ("loss", "accuracy")
 
@@ -206,7 +194,7 @@ def check_grid(grid: dict, algorithm: str, options: dict) -> list[dict]:
         if len(set(values)) != len(values):
             raise ValueError(f"--grid {key}: a value is repeated")
         for v in values:
-            registry.make_options(chosen.options, {**options, key: v})   # the option's own check
+            spec.make_options(chosen.options, {**options, key: v})   # the option's own check
         settings = [{**s, key: v} for s in settings for v in values]
         if len(settings) > MAX_SETTINGS:
             raise ValueError(f"the grid has more than {MAX_SETTINGS} settings")
@@ -219,7 +207,7 @@ def default_setting(algorithm: str, model: str, options: dict, grid: dict,
     ``options``: each grid key at the algorithm's default (dpgd's learning rate: ``step``, else
     the model's default step; tune passes ``center_step``'s). None when the grid does not hold it
     (e.g. a grid over ``steps``, whose default depends on n)."""
-    defaults = registry.make_options(registry.get(algorithm).options, options)
+    defaults = spec.make_options(registry.get(algorithm).options, options)
     setting = {}
     for key, values in grid.items():
         value = getattr(defaults, key)
@@ -270,133 +258,6 @@ def draw_setting(generator: np.random.Generator, law: np.ndarray) -> int:
     return int(generator.choice(len(law), p=law))
 
 
-# ------------------------------------------------------------------- the number of candidates
-
-def _gamma(mean: float, shape: float) -> float:
-    """The truncated negative binomial's gamma for ``mean`` and ``shape``: dp_accounting's own
-    (conservative) inversion, so that the law drawn from is the one accounted."""
-    return rdp_lib._gamma_truncated_negative_binomial(shape, mean)
-
-
-def check_repetitions(mean: float, shape: float) -> None:
-    if not (math.isfinite(mean) and mean >= 1):
-        raise ValueError("the mean number of candidates must be a number, at least 1")
-    if not (math.isfinite(shape) and shape >= 0):
-        raise ValueError("the shape of the number of candidates must be a finite number >= 0 "
-                         "(0 logarithmic, 1 geometric; the Poisson law is not supported)")
-
-
-def draw_candidates(generator: np.random.Generator, mean: float, shape: float) -> int:
-    """K >= 1 from the truncated negative binomial law dp_accounting accounts for
-    ``RepeatAndSelectDpEvent(event, mean, shape)`` (Papernot & Steinke, Def. 1):
-    P[K = k] proportional to binom(k + shape - 1, k) (1 - gamma)^k for k >= 1; shape 0 is the
-    logarithmic law P[K = k] proportional to (1 - gamma)^k / k. Mean 1 is K = 1."""
-    check_repetitions(mean, shape)
-    if mean == 1:
-        return 1
-    gamma = _gamma(mean, shape)
-    if shape == 0:
-        return int(generator.logseries(1.0 - gamma))
-    while True:   # the negative binomial given K >= 1: P[K = 0] = gamma^shape < 1
-        k = int(generator.negative_binomial(shape, gamma))
-        if k >= 1:
-            return k
-
-
-def candidates_law(mean: float, shape: float, upto: int) -> np.ndarray:
-    """P[K = k] for k = 1..upto (the tests' reference)."""
-    if mean == 1:
-        return np.eye(1, upto)[0]
-    gamma = _gamma(mean, shape)
-    k = np.arange(1, upto + 1)
-    from scipy.special import gammaln
-    if shape == 0:
-        log_p = k * math.log1p(-gamma) - np.log(k)
-        return np.exp(log_p) / -math.log(gamma)
-    log_p = (gammaln(k + shape) - gammaln(shape) - gammaln(k + 1) + shape * math.log(gamma)
-             + k * math.log1p(-gamma))
-    return np.exp(log_p) / (1.0 - gamma ** shape)
-
-
-# ------------------------------------------------------------------------------ the budget plan
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """The public noise plan of a tuning run."""
-
-    sigma_train: float        # one candidate's training: Gaussian multiplier (T steps composed)
-    sigma_score: float        # its score's Gaussian std (sensitivity 1)
-    count_epsilon: float      # the pair of counts' Laplace budget
-    mean: float
-    shape: float
-    scale_epsilon: float = 0.0   # the columns' quantiles, released once (0: no scaling)
-    # The chosen model's private quality check (``quality.reserve``): its Gaussian multiplier,
-    # released once after the selection, outside it (0: quality_check "off").
-    quality_multiplier: float = 0.0
-
-    def candidate_event(self) -> events.DpEvent:
-        return events.ComposedDpEvent([events.GaussianDpEvent(self.sigma_train),
-                                       events.GaussianDpEvent(self.sigma_score)])
-
-    def selection_event(self) -> events.DpEvent:
-        return events.RepeatAndSelectDpEvent(self.candidate_event(), self.mean, self.shape)
-
-    def count_event(self) -> events.DpEvent:
-        return accounting.laplace_count_event(self.count_epsilon)
-
-    def event(self) -> events.DpEvent:
-        """The run's event, as planned: the quantiles' exponential mechanisms are bounded by one
-        pure-DP event of their total epsilon (in RDP, sum_j min(e_j, a e_j^2 / 2) is at most
-        min(sum e_j, a (sum e_j)^2 / 2))."""
-        first = [self.count_event()]
-        if self.scale_epsilon:
-            first.append(accounting.PureDpEvent(self.scale_epsilon))
-        if self.quality_multiplier:
-            first.append(events.GaussianDpEvent(self.quality_multiplier))
-        return events.ComposedDpEvent(first + [self.selection_event()])
-
-
-def plan(epsilon: float, delta: float, mean: float = DEFAULT_MEAN_CANDIDATES,
-         shape: float = DEFAULT_SHAPE, score_share: float = DEFAULT_SCORE_SHARE,
-         count_epsilon: float | None = None, scale_epsilon: float = 0.0,
-         quality_multiplier: float = 0.0) -> Plan:
-    """The smallest candidate noise (within accounting.CALIBRATION_TOLERANCE) whose whole run
-    (``Plan.event``) meets (epsilon, delta) by dp_accounting's RDP accountant.
-    ``quality_multiplier``: the chosen model's quality check's Gaussian multiplier (0: none),
-    one more fixed release beside the count and the ranges."""
-    check_repetitions(mean, shape)
-    if not (epsilon > 0 and math.isfinite(epsilon)):
-        raise ValueError("epsilon must be a positive number")
-    if not 0 < delta < 1:
-        raise ValueError("delta must be in (0, 1)")
-    if not 0 < score_share < 1:
-        raise ValueError("the score's share must be in (0, 1)")
-    count_epsilon = DEFAULT_COUNT_SHARE * epsilon if count_epsilon is None else count_epsilon
-    if not (0 < count_epsilon < epsilon):
-        raise ValueError("count_epsilon is a share of epsilon: it must be positive and smaller")
-    if not (0 <= scale_epsilon and count_epsilon + scale_epsilon < epsilon):
-        raise ValueError("scale_epsilon is a share of epsilon: with the count's it must be smaller")
-
-    if not (quality_multiplier == 0 or (quality_multiplier > 0 and math.isfinite(quality_multiplier))):
-        raise ValueError("the quality check's multiplier must be positive (0: no check)")
-    fixed = [accounting.laplace_count_event(count_epsilon)] + (
-        [accounting.PureDpEvent(scale_epsilon)] if scale_epsilon else []) + (
-        [events.GaussianDpEvent(quality_multiplier)] if quality_multiplier else [])
-    if accounting.epsilon_of(events.ComposedDpEvent(fixed), delta, "rdp") >= epsilon:
-        raise ValueError("the count, the ranges and the quality check leave nothing of epsilon "
-                         "for the candidates: lower their shares (count_epsilon, scale_epsilon, "
-                         "quality_epsilon)")
-
-    def make(sigma: float) -> Plan:
-        return Plan(sigma / math.sqrt(1.0 - score_share), sigma / math.sqrt(score_share),
-                    count_epsilon, float(mean), float(shape), float(scale_epsilon),
-                    float(quality_multiplier))
-
-    sigma = accounting.calibrate_noise_multiplier(lambda s: make(s).event(), epsilon, delta,
-                                                  accountant="rdp", guess=3.0 * math.sqrt(mean))
-    return make(sigma)
-
-
 # ------------------------------------------------------------------------------ the split
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
@@ -407,7 +268,7 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def holdout_mask(block: data.Block, key: int, fraction: float) -> np.ndarray:
+def holdout_mask(block: Block, key: int, fraction: float) -> np.ndarray:
     """Which rows of ``block`` are held out: a keyed hash of (source, row position) below
     ``fraction``. Data-independent; the same rows on every read of the same files."""
     source = int.from_bytes(hashlib.blake2b(str(block.source).encode(), digest_size=8,
@@ -418,7 +279,7 @@ def holdout_mask(block: data.Block, key: int, fraction: float) -> np.ndarray:
     return (h >> np.uint64(11)).astype(np.float64) / 2.0 ** 53 < fraction
 
 
-def _take(block: data.Block, rows: np.ndarray) -> data.Block:
+def _take(block: Block, rows: np.ndarray) -> Block:
     return dataclasses.replace(block, features=block.features[rows], labels=block.labels[rows],
                                sq_norms=block.sq_norms[rows],
                                dropped=None if block.dropped is None else block.dropped[rows])
@@ -496,9 +357,9 @@ class _Splitter:
         self.announce = lambda: None   # the run's opening message, said on the first read
 
     def __call__(self, problem, aggregator):
-        from beam_dp.algorithms import noisy_gd
+        from beam_dp import column_scaling
         from beam_dp.local import LocalAggregator
-        if noisy_gd._imputed(problem):
+        if column_scaling.imputed_columns(problem):
             # Each candidate would release its own fills: they are not shared across the
             # candidates (as the ranges are) yet.
             raise ValueError("beam-dp tune does not take median/mean imputation yet; use "
@@ -533,13 +394,14 @@ class _Splitter:
         return dataclasses.replace(problem, privacy=privacy), LocalAggregator(train)
 
     def _release_scaling(self, problem, train) -> None:
-        """dpgd's private column scaling (``noisy_gd._column_scaling``), once, on the training
+        """dpgd's private column scaling (``column_scaling.prepare``), once, on the training
         rows, recorded in the tuning's ledger."""
+        from beam_dp import column_scaling
         from beam_dp.algorithms import noisy_gd
         from beam_dp.local import LocalAggregator
         options = noisy_gd.DpgdOptions(scale_features=self.scale_features,
                                        scale_epsilon=self.plan.scale_epsilon)
-        preprocess, make_transform = noisy_gd._column_scaling(
+        preprocess, make_transform = column_scaling.prepare(
             options, problem, LocalAggregator(train),
             mechanisms.stream_key(self.seed, _STREAM, _SCALE) % (1 << 128), self.ledger)
         if preprocess is None:   # nothing to scale (no numeric column, a feature norm)
@@ -646,17 +508,17 @@ def tune(X=None, y=None, *, input=None, validation=None, algorithm: str = "dpgd"
     if options.get("precondition") == "counts":
         raise ValueError("tuning does not take --precondition counts yet: a candidate's column "
                          "counts are not in the tuning plan; use --precondition auto or none")
-    # Options given where they have no effect (registry.ACTS_ONLY_WHEN), before any release, as
-    # the candidates will run them: with a noise multiplier (their precondition auto releases no
-    # counts), the column scaling resolved here (once, by the splitter); tune's own count is
-    # always released. The table as declared by the keywords and the schema together (a
-    # schema's categorical columns, hash_buckets, hash_seed or missing policies count as flags'
-    # do: checking the keywords alone refused --precondition-epsilon or --hash-seed with a
-    # schema's categorical columns).
+    # Options given where they have no effect (ignored_options.ACTS_ONLY_WHEN), before any release,
+    # as the candidates will run them: with a noise multiplier (their precondition auto releases no
+    # counts), the column scaling resolved here (once, by the splitter); tune's own count is always
+    # released. The table as declared by the keywords and the schema together (a schema's
+    # categorical columns, hash_buckets, hash_seed or missing policies count as flags' do: checking
+    # the keywords alone refused --precondition-epsilon or --hash-seed with a schema's categorical
+    # columns).
     table = _with_schema(fixed)
-    registry.refuse_ignored(registry.Request(
-        model, registry.Privacy(noise_multiplier=1.0, delta=delta),
-        registry.make_options(chosen.options, {
+    ignored_options.refuse_ignored(ignored_options.Request(
+        model, spec.Privacy(noise_multiplier=1.0, delta=delta),
+        spec.make_options(chosen.options, {
             **options, **({"scale_features": scale_features, "scale_epsilon": scale_epsilon}
                           if "scale_features" in algo_names else {})}),
         given={k: table.get(k) for k in ("num_classes", "huber_delta", "hash_seed")},
@@ -667,7 +529,7 @@ def tune(X=None, y=None, *, input=None, validation=None, algorithm: str = "dpgd"
     bound = score_bound(loss, score, score_bound_)
     if scale_features != "none" and "feature_norm" in grid:
         raise ValueError("--grid feature_norm and --scale-features: choose one")
-    quality_options = registry.make_options(quality.QualityOptions, dict(
+    quality_options = spec.make_options(quality.QualityOptions, dict(
         quality_check=quality_check, quality_epsilon=quality_epsilon,
         quality_label_bound=quality_label_bound))
     ledger = accounting.Ledger("rdp", chosen.relation)
@@ -676,8 +538,8 @@ def tune(X=None, y=None, *, input=None, validation=None, algorithm: str = "dpgd"
         # As train reserves it: its noise from public constants (its share alone calibrated by
         # the ledger's accountant, RDP here), recorded before any release; the plan then fits
         # the candidates' noise around it. Float noise, as the candidates'.
-        check = quality.reserve(ledger, loss, registry.Privacy(epsilon=epsilon, delta=delta,
-                                                               accountant="rdp"),
+        check = quality.reserve(ledger, loss, spec.Privacy(epsilon=epsilon, delta=delta,
+                                                           accountant="rdp"),
                                 epsilon=quality_options.quality_epsilon,
                                 label_bound=quality_options.quality_label_bound, secure=False)
     the_plan = plan(epsilon, delta, mean_candidates, shape, score_share, count_epsilon,
@@ -845,7 +707,7 @@ def _train_candidate(api, X, y, input, algorithm, model, delta, the_plan: Plan, 
     chosen = registry.get(algorithm)
     merged = {**options, **setting}
     steps = merged.get("steps") or merged.get("max_steps") or \
-        registry.make_options(chosen.options, merged).max_steps
+        spec.make_options(chosen.options, merged).max_steps
     if steps is None:
         # Not train's default cap (``noisy_gd.default_max_steps``, up to 300 steps on small
         # tables): with a candidate's 1.5x noise more steps hurt (default grid, 3 seeds: AER

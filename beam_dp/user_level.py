@@ -44,6 +44,7 @@ import pyarrow.compute as pc
 
 from beam_dp import clipping
 from beam_dp import losses as losses_mod
+from beam_dp.block import Block
 
 # --max-rows-per-user's default. K changes no noise (the user's sum is clipped to C whatever
 # K), only the data kept: large enough that typical users keep everything (PipelineDP's
@@ -121,7 +122,6 @@ def row_priorities(block) -> np.ndarray:
 
 
 def _concat(blocks):
-    from beam_dp.data import Block
     blocks = [b for b in blocks if len(b)]
     if any(b.users is None for b in blocks):
         raise ValueError("user-level privacy needs every row's user (Block.users)")

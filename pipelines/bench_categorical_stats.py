@@ -49,7 +49,7 @@ def run(pattern: str, columns: list[str], buckets: int, variant: str, reps: int)
         # the dense mechanism: the same noise (the stage's generator), no projection
         dense, _ = stats.sparse_mean_release(exact * n, n, variant, stage.lipschitz,
                                              stage.sparsity, stage.sum_noise_scale() / n,
-                                             stats._rng(stage), project=False)
+                                             stats.stages._rng(stage), project=False)
         for name, value in (("projection", released), ("dense", dense)):
             found[f"{name}_l2"].append(float(np.linalg.norm(value - exact)))
             found[f"{name}_inf"].append(float(np.max(np.abs(value - exact))))

@@ -31,6 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(HERE), HERE]
 
 from beam_dp import api, data, synthetic  # noqa: E402
+from beam_dp.model import encode_columns  # noqa: E402
 
 CATEGORICAL = list(synthetic.CLICK_COLUMNS)
 FEATURES = ["position", *CATEGORICAL]
@@ -167,8 +168,8 @@ def main(argv=None) -> int:
         print(f"  trained on {runner}: {measured['wall']:.0f} s", flush=True)
     encoding = rows[0][5].encoding
     full = synthetic.click_log(args.rows, args.seed, values=args.values)
-    x_train = api.encode_columns({c: full[c] for c in FEATURES}, encoding)
-    x_test = api.encode_columns({c: test[c] for c in FEATURES}, encoding)
+    x_train = encode_columns({c: full[c] for c in FEATURES}, encoding)
+    x_test = encode_columns({c: test[c] for c in FEATURES}, encoding)
     y_test = np.asarray(test["label"])
     baseline = {}
     for c in (0.01, 0.1, 1.0):

@@ -21,7 +21,7 @@ only, nothing is asserted):
 2. DP-SGD, n = ``--n``, batch ``--batch-size``, ``--epochs`` epochs, trained as a user would
    (``--epsilon 1``, private count) on each runner: wall time, jobs launched, input files opened
    (a Beam counter), and the seconds spent in privacy accounting.
-3. The README's example job (``beam-dp make-data``, ``beam-dp train --epsilon 1``, default
+3. The example job of docs/guide/command-line.md (``beam-dp make-data``, ``beam-dp train --epsilon 1``, default
    algorithm and runner): wall time and accounting share.
 4. Secure noise (exact integer sums and discrete Gaussian noise) against float noise: a
    full-batch DP-GD step at n = ``--secure-n``, d = ``--secure-d`` on ``--runner local``.
@@ -55,9 +55,10 @@ import time
 import numpy as np
 
 from beam_dp import accounting, data, losses, synthetic
-from beam_dp.algorithms import registry
+from beam_dp.algorithms import registry, spec
 from beam_dp.algorithms.base import TrainState
-from beam_dp.algorithms.noisy_gd import NoisyGradientStep
+from beam_dp.algorithms.gradient_step import NoisyGradientStep
+from beam_dp.block import Block
 from beam_dp.local import LocalAggregator
 from beam_dp.sampling import PoissonSampler
 
@@ -83,7 +84,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--epochs", type=float, default=5.0, help="DP-SGD epochs")
     p.add_argument("--shards", type=int, default=4, help="Parquet files")
     p.add_argument("--skip-portable", action="store_true", help="no worker-pool rows")
-    p.add_argument("--skip-example", action="store_true", help="no README example job")
+    p.add_argument("--skip-example", action="store_true", help="skip the example job (docs/guide/command-line.md)")
     p.add_argument("--skip-secure", action="store_true", help="no secure-noise rows")
     p.add_argument("--secure-n", type=int, default=2000, help="examples (section 4)")
     p.add_argument("--secure-d", type=int, default=10_000, help="features (section 4)")
@@ -242,13 +243,13 @@ def train_run(algorithm: str, make_aggregator, d: int, options: dict, seed: int)
     accounting (the report's PLD, made in a background thread while the job trains, counts only
     where the driver waits for it)."""
     chosen = registry.get(algorithm)
-    problem = registry.Problem(LOSS, d, registry.Privacy(1.0, 1e-5, None, "pld", None, None),
-                               True, None, None, {"files": "benchmark"})
+    problem = spec.Problem(LOSS, d, spec.Privacy(1.0, 1e-5, None, "pld", None, None),
+                           True, None, None, {"files": "benchmark"})
     accounting.clear_caches()   # each run pays its own calibration, as in a fresh process
     accounting.STOPWATCH.reset()
     t0 = time.perf_counter()
     aggregator = make_aggregator()
-    result = chosen.train(registry.make_options(chosen.options, options), problem, aggregator,
+    result = chosen.train(spec.make_options(chosen.options, options), problem, aggregator,
                           seed, accounting.Ledger("pld", chosen.relation), lambda *a: None)
     wall = time.perf_counter() - t0
     jobs = getattr(aggregator, "jobs", [])
@@ -372,11 +373,11 @@ def main(argv=None) -> int:
               + (f"{100 * base and 100 * runs[0][1]['accounting'] / base:.1f}% (target <= 10%)"
                  if runs[0][1]["accounting"] is not None else "n/a"))
 
-        # ------------------------------------------------------------- 3. the README's example
+        # ------------------------------------------------------------- 3. the docs' example job
         if not args.skip_example:
             r = readme_example(tmp)
             acct = r["accounting"]
-            print(f"\n3. README example job (make-data; train --epsilon 1, default dpgd on "
+            print(f"\n3. the example job (make-data; train --epsilon 1, default dpgd on "
                   f"FnApiRunner): wall {r['wall']:.2f} s, exit {r['code']}, accounting "
                   + (f"{acct:.2f} s = {100 * acct / r['wall']:.1f}% (target <= 10%)"
                      if acct is not None else "n/a"))
@@ -385,7 +386,7 @@ def main(argv=None) -> int:
         if not args.skip_secure:
             sn, sd = args.secure_n, args.secure_d
             x, y = synthetic.make_dataset("binary", sn, sd, seed=args.seed)
-            sblocks = [data.Block(x, LOSS.encode_labels(y), "secure-bench", 0)]
+            sblocks = [Block(x, LOSS.encode_labels(y), "secure-bench", 0)]
             print(f"\n4. Secure noise: a full-batch DP-GD step, n={sn:,}, d={sd:,}, --runner local "
                   f"(the exact sums' quantized rows are made once per block, outside the steps)")
             print(f"   {'noise':<44} {'ms/step':>9} {'x float':>8}")

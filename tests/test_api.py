@@ -20,7 +20,8 @@ from scipy.special import expit
 
 import beam_dp
 from beam_dp import data, synthetic
-from beam_dp.algorithms import registry
+from beam_dp.algorithms import registry, spec
+from beam_dp.block import Block
 from conftest import model_theta, read_json
 
 N, D = 2000, 5
@@ -61,7 +62,7 @@ def test_arrays_in_model_out(fitted, binary):
     assert fitted.artifact["algorithm"] == "dpgd" and fitted.artifact["model"] == "logistic"
     assert "dpgd" in repr(fitted) and "epsilon=" in repr(fitted)
     # the feature map of a run without one is the identity
-    block = data.Block(x[:5].copy(), np.zeros(5))
+    block = Block(x[:5].copy(), np.zeros(5))
     np.testing.assert_array_equal(fitted.feature_map(block).features, x[:5])
 
 
@@ -310,7 +311,7 @@ CONFIGS = {
 
 
 def _flags(config: dict) -> list[str]:
-    return [token for key, value in config.items() for token in (registry.flag(key), str(value))]
+    return [token for key, value in config.items() for token in (spec.flag(key), str(value))]
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -412,5 +413,72 @@ def test_model_predict_applies_the_recorded_map(binary, algorithm, options, expe
 def test_options_of_lists_declared_defaults():
     for name, algorithm in registry.algorithms().items():
         options = beam_dp.api.options_of(name)
-        assert options == {f.name: f.default for f, _ in registry.fields(algorithm.options)}
+        assert options == {f.name: f.default for f, _ in spec.fields(algorithm.options)}
         assert all(re.fullmatch(r"[a-z_]+", k) for k in options)
+
+
+# ------------------------------------------ a raw DataFrame read as a table (issue 29, item 2)
+
+FRAME_SCHEMA = {"label": "default", "label_classes": ["No", "Yes"], "categorical": ["student"],
+                "hash_buckets": 8, "missing": {"income": "indicator"}}
+FRAME_FAST = {"algorithm": "dpgd", "noise_multiplier": 2.0, "steps": 20, "num_examples": 600,
+              "seed": 4}
+
+
+@pytest.fixture(scope="module")
+def raw_frame():
+    """Text labels, a text categorical column and missing cells (NaN and None), as a raw table
+    holds them; the label follows the columns so that a model has something to learn."""
+    g = np.random.default_rng(41)
+    n = 600
+    balance = g.normal(0.0, 1.0, n)
+    income = g.normal(0.0, 1.0, n)
+    student = g.choice(np.array(["yes", "no"], dtype=object), n)
+    score = 2.0 * balance - income + np.where(student == "yes", 1.0, -1.0)
+    default = np.where(score + g.logistic(size=n) > 0, "Yes", "No").astype(object)
+    income[g.random(n) < 0.1] = np.nan
+    student[g.random(n) < 0.05] = None
+    return pd.DataFrame({"balance": balance, "income": income, "student": student,
+                         "default": default})
+
+
+def test_raw_dataframe_trains_and_predicts(raw_frame):
+    model = beam_dp.train(raw_frame, schema=FRAME_SCHEMA, **FRAME_FAST)
+    encoding = model.artifact["encoding"]
+    assert encoding["categorical_columns"] == ["student"]
+    assert encoding["numeric_columns"] == ["balance", "income"]
+    assert encoding["label_classes"] == ["No", "Yes"] and encoding["indicator_columns"] == ["income_missing"]
+    prediction = model.predict(raw_frame.drop(columns="default"))
+    assert set(prediction) <= {"No", "Yes"}
+    assert model.score(raw_frame.drop(columns="default"), raw_frame["default"]) > 0.7
+    # the labels apart, as y: the same model
+    apart = beam_dp.train(raw_frame.drop(columns="default"), raw_frame["default"],
+                          schema=FRAME_SCHEMA, **FRAME_FAST)
+    np.testing.assert_array_equal(apart.theta, model.theta)
+
+
+def test_raw_dataframe_equals_the_same_rows_as_csv(raw_frame, tmp_path):
+    path = tmp_path / "table.csv"
+    raw_frame.to_csv(path, index=False)
+    from_csv = beam_dp.train(input=str(path), runner="local", schema=FRAME_SCHEMA, **FRAME_FAST)
+    from_frame = beam_dp.train(raw_frame, schema=FRAME_SCHEMA, **FRAME_FAST)
+    np.testing.assert_array_equal(from_frame.theta, from_csv.theta)
+    assert from_frame.artifact == from_csv.artifact
+    assert from_frame.epsilon == from_csv.epsilon
+    assert from_frame.privacy_report["dp_event"] == from_csv.privacy_report["dp_event"]
+
+
+def test_raw_dataframe_errors_name_the_frame_not_a_value(raw_frame):
+    with pytest.raises(data.DataError, match="DataFrame: categorical column.*not found: student"):
+        beam_dp.train(raw_frame.drop(columns="student"), schema=FRAME_SCHEMA, **FRAME_FAST)
+    with pytest.raises(data.DataError, match="DataFrame: label column 'default' not found"):
+        beam_dp.train(raw_frame.drop(columns="default"), schema=FRAME_SCHEMA, **FRAME_FAST)
+    bad = raw_frame.copy()
+    bad.loc[7, "balance"] = np.nan
+    bad.loc[7, "income"] = SECRET
+    with pytest.raises(data.DataError) as e:
+        beam_dp.train(bad, schema=FRAME_SCHEMA, **FRAME_FAST)
+    assert str(e.value).endswith("DataFrame, row 8: feature 'balance' is missing or not finite")
+    _no_secret(str(e.value))
+    with pytest.raises(ValueError, match="in-process"):
+        beam_dp.train(raw_frame, schema=FRAME_SCHEMA, runner="FnApiRunner", **FRAME_FAST)

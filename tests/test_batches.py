@@ -16,6 +16,7 @@ import pytest
 
 from beam_dp import batches, data, losses, synthetic
 from beam_dp.algorithms.dp_ambssgd import Assignment
+from beam_dp.block import Block
 from beam_dp.sampling import PoissonSampler
 
 LINEAR = losses.make_loss("linear")
@@ -23,18 +24,18 @@ SOFTMAX = losses.make_loss("softmax", num_classes=4)
 
 
 def _block(rows: int, d: int, source: str, row_start: int, seed: int, tag: int = -1,
-           loss=LINEAR) -> data.Block:
+           loss=LINEAR) -> Block:
     g = np.random.default_rng(seed)
     features = g.standard_normal((rows, d))
     # Feature 0 names the row (file, position), so that where a row went is visible.
     features[:, 0] = row_start + np.arange(rows) + 1e6 * (zlib.crc32(source.encode()) % 97)
     raw = g.integers(0, 4, size=rows) if loss is SOFTMAX else g.standard_normal(rows)
-    block = data.Block(features, loss.encode_labels(raw), source, row_start)
+    block = Block(features, loss.encode_labels(raw), source, row_start)
     block.tag = tag
     return block
 
 
-def _same_blocks(got: list[data.Block], expected: list[data.Block]) -> None:
+def _same_blocks(got: list[Block], expected: list[Block]) -> None:
     assert len(got) == len(expected), (len(got), len(expected))
     for g, e in zip(got, expected):
         assert g.tag == e.tag

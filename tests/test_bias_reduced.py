@@ -196,7 +196,7 @@ def test_the_monte_carlo_check_catches_a_planted_bug(mc_setup, monkeypatch, brok
     """The check above fails when the estimator drops the 1/p_J factor or the -1/2 halves (on a
     quarter of the draws: less power than the real check has, and still caught)."""
     rows, support, estimator = mc_setup
-    monkeypatch.setattr(br, "_combine", broken)
+    monkeypatch.setattr(br, "combine", broken)
     mc = monte_carlo(rows, estimator, MC_DRAWS // 4, seed=8)
     passed, figures = unbiasedness_check(mc, MC_DRAWS // 4, support)
     assert not passed, figures

@@ -1,5 +1,5 @@
 """``beam-dp train --algorithm bias-reduced-sgd``: paper 001's Algorithms 3-4 through the
-Aggregator seam (``bias_reduced.BIAS_REDUCED_SGD``). The estimator and the accounting themselves
+Aggregator seam (``bias_reduced_sgd.BIAS_REDUCED_SGD``). The estimator and the accounting themselves
 are tested in tests/test_bias_reduced.py; here: the registered run, its ledger, its runners, its
 sparse input and its refusals."""
 import os
@@ -14,7 +14,8 @@ from dp_accounting import dp_event as events
 import beam_dp
 from beam_dp import accounting, api, clipping, data, losses, quality
 from beam_dp.algorithms import bias_reduced as br
-from beam_dp.algorithms import registry
+from beam_dp.algorithms import bias_reduced_sgd as br_sgd
+from beam_dp.algorithms import spec
 from beam_dp.local import LocalAggregator
 
 from conftest import read_json
@@ -68,7 +69,7 @@ def test_the_ledger_holds_every_step_and_its_epsilon_is_within_the_budget(task, 
     assert report["neighbouring"] == accounting.REPLACE_ONE   # the paper's relation
     assert report["dataset_size"]["source"].startswith("public under the replace-one relation")
     assert report["epsilon"] <= 8.0
-    steps = [m for m in report["mechanisms"] if m["name"] == br.RELEASE]
+    steps = [m for m in report["mechanisms"] if m["name"] == br_sgd.RELEASE]
     assert steps and sum(m["count"] for m in steps) == report["algorithm_parameters"]["oracle_calls"]
     assert all(m["accounting"] == "conservative" for m in steps)   # --accountant pld
     assert all(m["neighbouring"] == accounting.REPLACE_ONE for m in steps)
@@ -100,10 +101,10 @@ def test_rdp_accountant_records_sampled_without_replacement_events():
     x, y, _, _ = _task(300, seed=1)   # (few levels: each level's RDP vector costs ~1 s)
     loss = losses.make_loss("logistic")
     ledger = accounting.Ledger("rdp", accounting.REPLACE_ONE)
-    problem = registry.Problem(loss, x.shape[1], registry.Privacy(epsilon=2.0, accountant="rdp"))
-    result = br.train(br.BiasReducedOptions(max_steps=200), problem,
+    problem = spec.Problem(loss, x.shape[1], spec.Privacy(epsilon=2.0, accountant="rdp"))
+    result = br_sgd.train(br_sgd.BiasReducedOptions(max_steps=200), problem,
                       LocalAggregator(data.blocks_from_arrays(x, y, loss, 100)), 5, ledger)
-    assert ledger.releases and all(r.name == br.RELEASE for r in ledger.releases)
+    assert ledger.releases and all(r.name == br_sgd.RELEASE for r in ledger.releases)
     leaves = [e for r in ledger.releases for e in r.event.events]
     assert all(isinstance(e, events.SampledWithoutReplacementDpEvent) and e.source_dataset_size == 300
                for e in leaves)
@@ -133,8 +134,8 @@ def test_steps_read_the_rows_the_oracle_drew(task):
     thetas = []
     for rows in (1000, 77):
         ledger = accounting.Ledger("pld", accounting.REPLACE_ONE)
-        problem = registry.Problem(loss, x.shape[1], registry.Privacy(epsilon=2.0))
-        result = br.train(br.BiasReducedOptions(max_steps=40), problem,
+        problem = spec.Problem(loss, x.shape[1], spec.Privacy(epsilon=2.0))
+        result = br_sgd.train(br_sgd.BiasReducedOptions(max_steps=40), problem,
                           LocalAggregator(data.blocks_from_arrays(x, y, loss, rows)), 9, ledger)
         thetas.append(result.theta)
     np.testing.assert_allclose(thetas[1], thetas[0], rtol=1e-12, atol=1e-14)

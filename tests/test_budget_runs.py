@@ -17,6 +17,7 @@ import pytest
 from conftest import islr_default_columns
 
 from beam_dp import cli
+from beam_dp.cli.exit_codes import EXIT_MORE_JOBS, EXIT_REFUSED
 from beam_dp.ledger import core
 
 BEAM = ["--runner", "FnApiRunner"]
@@ -71,7 +72,7 @@ def test_a_rerun_of_a_release_returns_its_output_and_charges_nothing(tmp_path, d
 
 def test_refused_before_reading_data_charges_nothing(tmp_path, data, capsys):
     ledger = _ledger(tmp_path, epsilon=0.5)
-    assert _train(data, tmp_path / "a", ledger) == cli.EXIT_REFUSED
+    assert _train(data, tmp_path / "a", ledger) == EXIT_REFUSED
     err = capsys.readouterr().err
     assert "refused before reading any data" in err and "'ds'" in err and "remaining" in err
     assert _charges(ledger) == [] and not (tmp_path / "a").exists()
@@ -81,12 +82,12 @@ def test_refused_after_the_count_keeps_the_count_charged(tmp_path, data, capsys)
     # 1.3 passes the pre-check for epsilon 1 but the filter's reading of the run (RDP with the
     # delta split over orders) is above 1.3: refused once the plan is known, after the count.
     ledger = _ledger(tmp_path, epsilon=1.05)
-    assert _train(data, tmp_path / "a", ledger) == cli.EXIT_REFUSED
+    assert _train(data, tmp_path / "a", ledger) == EXIT_REFUSED
     assert "refused: release" in capsys.readouterr().err
     (charge,) = _charges(ledger)
     assert charge.status == "committed" and charge.output is None
     assert charge.event.__class__.__name__ == "ComposedDpEvent"   # the count alone
-    assert _train(data, tmp_path / "a", ledger) == cli.EXIT_REFUSED   # and stays refused
+    assert _train(data, tmp_path / "a", ledger) == EXIT_REFUSED   # and stays refused
     assert len(_charges(ledger)) == 1 and not (tmp_path / "a").exists()
 
 
@@ -95,7 +96,7 @@ def test_partitions_have_their_own_budgets(tmp_path, data):
     for day in ("2026-11-01", "2026-11-02"):
         assert _train(data, tmp_path / day, ledger, "--partition", day) == 0
     assert _train(data, tmp_path / "again", ledger, "--partition", "2026-11-01",
-                  "--seed", "1") == cli.EXIT_REFUSED
+                  "--seed", "1") == EXIT_REFUSED
     assert sorted(c.partitions[0] for c in _charges(ledger)) == ["2026-11-01", "2026-11-02"]
 
 
@@ -126,7 +127,7 @@ def test_max_jobs_stops_and_the_same_command_goes_on(tmp_path, data):
                "--ledger", ledger, "--dataset-id", "ds", "--max-jobs", "2",
                *_beam_flags(str(tmp_path / "ck"))]
     codes = [cli.main(command)]
-    while codes[-1] == cli.EXIT_MORE_JOBS and len(codes) < 10:
+    while codes[-1] == EXIT_MORE_JOBS and len(codes) < 10:
         codes.append(cli.main(command))
     assert codes[-1] == 0 and len(codes) >= 2, codes
     assert json.loads(_files(tmp_path / "out")["model.json"])["coefficients"] == \
@@ -185,13 +186,13 @@ def test_a_run_is_charged_its_releases_once_and_a_fresh_attempt_on_top(tmp_path,
     not once per extension); an attempt that starts over without the earlier attempt's
     checkpoint (another --checkpoint-dir) makes new releases, charged on top of the earlier
     ones, never hidden under them."""
-    from beam_dp.accounting import _leaf_counts
+    from beam_dp.accounting.job_ledger import _leaf_counts
 
     ledger = _ledger(tmp_path, epsilon=8.0)
     command = ["train", "--input", data, "--output", str(tmp_path / "out"), "--epsilon", "1",
                "--ledger", ledger, "--dataset-id", "ds", "--max-jobs", "1", "--runner",
                "FnApiRunner", "--max-steps", "12", "--steps-per-job", "3"]
-    assert cli.main(command + ["--checkpoint-dir", str(tmp_path / "ckA")]) == cli.EXIT_MORE_JOBS
+    assert cli.main(command + ["--checkpoint-dir", str(tmp_path / "ckA")]) == EXIT_MORE_JOBS
     (first,) = _charges(ledger)
     # The count, once (a pure-DP event: the default secure noise's discrete Laplace count).
     counts = [k for k in _leaf_counts(first.event) if k.startswith(("LaplaceDpEvent", "PureDpEvent"))]
@@ -284,7 +285,7 @@ def test_secure_noise_resumed_run_reports_the_uninterrupted_runs_sampler_bound(t
     command = ["train", "--input", data, "--output", str(tmp_path / "out"), *flags,
                "--checkpoint-dir", str(tmp_path / "ck"), "--max-jobs", "2"]
     codes = [cli.main(command)]
-    while codes[-1] == cli.EXIT_MORE_JOBS and len(codes) < 10:
+    while codes[-1] == EXIT_MORE_JOBS and len(codes) < 10:
         codes.append(cli.main(command))
     assert codes[-1] == 0 and len(codes) >= 2, codes
     reports = [json.loads(_files(tmp_path / x)["privacy_report.json"]) for x in ("whole", "out")]
@@ -313,5 +314,5 @@ def test_an_audit_is_charged_as_a_release_of_its_own(tmp_path, data, capsys):
     # The budget (2.5) cannot admit a third epsilon-1 release: a new audit is refused.
     refused = ["audit", "--input", data, "--epsilon", "1", "--ledger", ledger, "--dataset-id",
                "ds", "--canaries", "300", "--output", str(tmp_path / "c")]
-    assert cli.main(refused) == cli.EXIT_REFUSED
+    assert cli.main(refused) == EXIT_REFUSED
     assert not os.path.exists(tmp_path / "c")

@@ -24,9 +24,11 @@ import scipy.sparse as sp
 from scipy.special import expit
 
 import beam_dp
-from beam_dp import api, categorical, clipping, data, losses, synthetic
+from beam_dp import api, categorical, clipping, data, losses, synthetic, vocabulary_release
 from beam_dp.algorithms import registry
+from beam_dp.block import Block
 from beam_dp.categorical import Encoding, EncodingError
+from beam_dp.model import encode_columns
 from conftest import read_json
 
 SECRET = "SECRET-VALUE-123"
@@ -241,7 +243,7 @@ def test_missing_cells_map_to_one_fixed_bucket(tmp_path):
         ids = matrix.indices.reshape(n, 2)[:, 1]
         assert set(ids[::4].tolist()) == {reserved}, path
         assert reserved not in set(np.delete(ids, np.arange(0, n, 4)).tolist())
-    in_memory = api.encode_columns({"x": [1.0, 2.0], "city": [None, None]}, encoding)
+    in_memory = encode_columns({"x": [1.0, 2.0], "city": [None, None]}, encoding)
     assert in_memory.indices.tolist() == [0, reserved, 0, reserved]
     # an all-null column (Arrow type null) too
     assert int(encoding.column_ids("city", pa.nulls(3))[2]) == reserved
@@ -288,7 +290,7 @@ def test_csv_text_that_looks_like_a_null_token_is_a_value(tmp_path, token):
                      Encoding(("x",), ("c",), vocabulary=(("c", (token, "other")),))]:
         from_csv, _, _ = _blocks_matrix(csv, encoding, 10)
         from_parquet, _, _ = _blocks_matrix(tmp_path / "t.parquet", encoding, 10)
-        in_memory = api.encode_columns({"x": [1.0, 1.0], "c": [token, None]}, encoding)
+        in_memory = encode_columns({"x": [1.0, 1.0], "c": [token, None]}, encoding)
         assert (from_parquet != in_memory).nnz == 0
         assert from_csv.indices[1] == from_parquet.indices[1], (
             f"the CSV cell {token!r} was read as missing, not as its text")
@@ -334,7 +336,7 @@ def test_vocabulary_values_get_their_own_columns_in_order(tmp_path):
     import pandas as pd
     frame = pd.DataFrame({"x1": [r[0] for r in rows], "x2": [r[1] for r in rows],
                           "color": [r[2] for r in rows], "size": [r[3] for r in rows]})
-    np.testing.assert_array_equal(api.encode_columns(frame, encoding).toarray(), expected)
+    np.testing.assert_array_equal(encode_columns(frame, encoding).toarray(), expected)
     # spec round trip, with the vocabulary's fingerprint
     spec = encoding.spec()
     assert spec["vocabulary"] == vocab and spec["dim"] == 9
@@ -906,10 +908,10 @@ def test_no_error_about_categorical_input_quotes_a_value(tmp_path):
         path = _write_csv(tmp_path / f"{name}.csv", ["x", "city", "label"], rows)
         _raises(data.DataError, data.blocks_from_file, path, "label", encoding.columns, LOGISTIC,
                 10, encoding=encoding, match=match)
-    _raises(ValueError, api.encode_columns, {"x": [SECRET], "city": ["a"]}, encoding,
+    _raises(ValueError, encode_columns, {"x": [SECRET], "city": ["a"]}, encoding,
             match="column 'x' must hold numbers")
-    _raises(ValueError, api.encode_columns, {"city": [SECRET]}, encoding, match="lacks the model's column")
-    _raises(data.DataError, api.encode_columns, {"x": [float("nan")], "city": [SECRET]}, encoding)
+    _raises(ValueError, encode_columns, {"city": [SECRET]}, encoding, match="lacks the model's column")
+    _raises(data.DataError, encode_columns, {"x": [float("nan")], "city": [SECRET]}, encoding)
     _raises(EncodingError, encoding.column_ids, "city", pa.array([1.5, 2.5]), match="column 'city'")
 
 
@@ -950,8 +952,8 @@ def test_private_vocabulary_keeps_values_with_pipeline_dps_probabilities(tmp_pat
     b = ["x"] * len(a)
     path = tmp_path / "v.parquet"
     pq.write_table(pa.table({"a": a, "b": b}), path)
-    counts = categorical.value_counts([str(path)], ["a", "b"], data.open_local, 5000)
-    vocabulary = dict(categorical.private_vocabulary(counts, epsilon, delta, seed=5))
+    counts = vocabulary_release.value_counts([str(path)], ["a", "b"], data.open_local, 5000)
+    vocabulary = dict(vocabulary_release.private_vocabulary(counts, epsilon, delta, seed=5))
     assert "common" in vocabulary["a"] and vocabulary["b"] == ("x",)
     assert not any(v.startswith("rare-") for v in vocabulary["a"]) and SECRET not in vocabulary["a"]
     kept = sum(v.startswith("mid-") for v in vocabulary["a"])
@@ -1004,7 +1006,7 @@ def test_column_counts_count_rows_per_categorical_column_with_sqrt_k_noise():
     values = pa.array(["a", "b", "a", None])
     rows = encoding.encode(np.array([[0.0], [2.0], [3.0], [0.0]]),
                            {"u": values, "v": pa.array(["a", "a", "c", "c"])})
-    block = data.Block(rows, np.zeros(4))
+    block = Block(rows, np.zeros(4))
     stage = stats.ColumnCountStage("c", 1, encoding.dim, 2, 3.0, seed=9)
     counts = stage.partial_sum(block, {})
     assert counts.sum() == 8 and counts.shape == (encoding.dim - 1,)
@@ -1038,10 +1040,10 @@ def test_real_table_diamonds_categorical_columns_match_the_non_private_fit(tmp_p
     x_test = {c: full.take(test).column(c) for c in ("cut", "color", "clarity")}
     y_test = full.take(test).column("label").to_numpy()
     private = float(np.mean(model.predict(x_test) == y_test))
-    x_train = api.encode_columns({c: full.take(train).column(c) for c in ("cut", "color", "clarity")},
+    x_train = encode_columns({c: full.take(train).column(c) for c in ("cut", "color", "clarity")},
                                  model.encoding)
     y_train = full.take(train).column("label").to_numpy()
     public = max(LogisticRegression(C=c, max_iter=1000).fit(x_train, y_train)
-                 .score(api.encode_columns(x_test, model.encoding), y_test) for c in (0.1, 1.0, 10.0))
+                 .score(encode_columns(x_test, model.encoding), y_test) for c in (0.1, 1.0, 10.0))
     assert private >= public - 0.03, (private, public)
     assert private > max(y_test.mean(), 1 - y_test.mean()) + 0.05

@@ -25,7 +25,8 @@ import scipy.sparse as sp
 from scipy.special import expit
 
 import beam_dp
-from beam_dp import api, data, features, stats
+from beam_dp import api, features, stats
+from beam_dp.block import Block
 from conftest import read_json
 
 
@@ -47,9 +48,9 @@ def test_scale_columns_maps_the_numeric_columns_of_csr_rows_and_keeps_them_csr()
     numeric, one_hot, x = _mixed_rows()
     assert x.nnz < x.shape[0] * 2 + 5   # (some numeric zeros are not stored)
     scale = features.ScaleColumns((0.0, 100.0), (10.0, 300.0), reach=(4.0, 1.0))
-    out = scale(data.Block(x, np.zeros(5))).features
+    out = scale(Block(x, np.zeros(5))).features
     assert sp.isspmatrix_csr(out) and out.shape == x.shape
-    dense = scale(data.Block(numeric, np.zeros(5))).features
+    dense = scale(Block(numeric, np.zeros(5))).features
     np.testing.assert_array_equal(out[:, :2].toarray(), dense)
     np.testing.assert_array_equal(out[:, 2:].toarray(), one_hot)   # the one-hot part as it was
     # an unstored zero is mapped like a stored value: 0 on [0, 10] is -1, 0 on [100, 300] is
@@ -58,14 +59,14 @@ def test_scale_columns_maps_the_numeric_columns_of_csr_rows_and_keeps_them_csr()
     # recorded with the numeric columns only, and applied again the same way
     recorded = features.spec(scale)
     assert len(recorded["scale_columns"]["low"]) == 2
-    again = features.from_spec(json.loads(json.dumps(recorded)))(data.Block(x, np.zeros(5)))
+    again = features.from_spec(json.loads(json.dumps(recorded)))(Block(x, np.zeros(5)))
     np.testing.assert_array_equal(again.features.toarray(), out.toarray())
 
 
 def test_private_ranges_read_the_unstored_zeros_of_csr_rows():
     numeric, _, x = _mixed_rows()
     selected = stats.Selected((0, 1))
-    picked = selected(data.Block(x, np.zeros(5)), {})
+    picked = selected(Block(x, np.zeros(5)), {})
     np.testing.assert_array_equal(picked, numeric)
     grid = np.repeat(stats.symmetric_log_grid(1e9, 601, 1e12), 2, axis=0)
     np.testing.assert_array_equal(stats.histogram(picked, grid), stats.histogram(numeric, grid))

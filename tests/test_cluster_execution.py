@@ -25,9 +25,10 @@ from test_multiprocess import worker_pool  # noqa: F401  (a fixture)
 
 import beam_dp
 from beam_dp import batches, data, losses, synthetic
-from beam_dp.algorithms import dpsgd_f, registry
+from beam_dp.algorithms import dpsgd_f, registry, spec
 from beam_dp.beam import aggregator as beam_aggregator
 from beam_dp.beam.cache import ShardCache
+from beam_dp.block import Block
 
 # The private quality check (on by default) adds one stages job after training; these tests pin
 # the training's jobs, so they turn it off (test_the_quality_check_is_one_more_job pins it).
@@ -220,7 +221,7 @@ def test_same_seed_same_model_on_local_and_beam(tmp_path, cli, request, beam_job
     # n is a private count under add/remove, public under replace-one (the relation's own)
     relation = registry.get(extra[extra.index("--algorithm") + 1]).relation
     assert reports[0]["dataset_size"]["source"].startswith(
-        "private" if relation == registry.accounting.ADD_REMOVE else "public")
+        "private" if relation == spec.accounting.ADD_REMOVE else "public")
     assert reports[0]["epsilon"] <= 2.0
     for key in ["epsilon", "dataset_size", "noise_multiplier", "steps", "mechanisms"]:
         assert reports[0][key] == reports[1][key], key
@@ -228,15 +229,20 @@ def test_same_seed_same_model_on_local_and_beam(tmp_path, cli, request, beam_job
 
 # The portable runner: the bundles run in SDK worker processes that a worker pool starts.
 
+# Beam's PortableRunner (one SDK worker process per job) for one algorithm of each job kind; the
+# two-process runs below cover every algorithm's stages and batches across a process boundary.
+PORTABLE_ONE_WORKER = ("dpgd", "dpsgd")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize("name", list(EQUIVALENCE))
 def test_same_model_on_external_worker_processes(tmp_path, request, worker_pool, beam_jobs, name,
-                                                 workers, monkeypatch):
-    """1 or 2 SDK worker processes per job, each started by the pool. 1: Beam's PortableRunner
-    with its embedded job service. 2: that service's engine (FnApiRunner) with the same EXTERNAL
-    environment and ``direct_num_workers`` 2, which splits each stage's bundles between two
-    processes (the embedded job service starts one whatever the flags)."""
+                                                 monkeypatch):
+    """SDK worker processes started by the pool, against the in-process model of the same seed
+    (trained once). 2 workers, every algorithm: the embedded job service's engine (FnApiRunner)
+    with the same EXTERNAL environment and ``direct_num_workers`` 2, which splits each stage's
+    bundles between two processes. 1 worker, PORTABLE_ONE_WORKER: Beam's PortableRunner with its
+    embedded job service (which starts one whatever the flags)."""
     from test_multiprocess import _run_with_timeout
     from beam_dp.beam import aggregator as beam_aggregator
 
@@ -248,34 +254,42 @@ def test_same_model_on_external_worker_processes(tmp_path, request, worker_pool,
                                "--batch-rows", BATCH_ROWS, *extra,
                                *(["--noise", "secure"] if name in SECURE else [])]]
     assert _run_with_timeout(common + ["--output", str(tmp_path / "local"), *LOCAL]) == 0
-    if workers == 1:
-        runner = ["--runner", "PortableRunner", "--job_endpoint", "embed",
-                  "--environment_type", "EXTERNAL", "--environment_config", address]
-    else:
-        from apache_beam.runners.portability.fn_api_runner import FnApiRunner
-        from apache_beam.transforms import environments
-        made = beam_aggregator.BeamAggregator.__init__
-
-        def external(self, *args, **kwargs):
-            kwargs["make_runner"] = lambda: FnApiRunner(
-                default_environment=environments.ExternalEnvironment(address))
-            made(self, *args, **kwargs)
-        monkeypatch.setattr(beam_aggregator.BeamAggregator, "__init__", external)
-        runner = ["--runner", "FnApiRunner", "--direct_num_workers", "2"]
-    assert _run_with_timeout(common + [
-        "--output", str(tmp_path / "portable"), *runner, "--quality-check", "off",
-        "--temp_location", str(tmp_path / "temp")]) == 0
-    # ``workers`` worker processes per job, started by the pool (not this process).
-    log = pool_log.read_text(errors="replace")
-    assert beam_jobs and log.count("Starting worker with command") == workers * len(beam_jobs), (
-        _kinds(beam_jobs), log)
-    assert beam_jobs[-1]["kind"] == ("stages" if name in STAGE_JOBS else "batches")
-    local, portable = model_theta(tmp_path / "local"), model_theta(tmp_path / "portable")
+    local = model_theta(tmp_path / "local")
     assert np.linalg.norm(local) > 0
-    if name in SECURE:   # exact integer sums: the same bits in another process
-        np.testing.assert_array_equal(portable, local)
-    else:
-        np.testing.assert_allclose(portable, local, rtol=1e-9, atol=1e-12 * np.abs(local).max())
+
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+    from apache_beam.transforms import environments
+    made = beam_aggregator.BeamAggregator.__init__
+
+    def external(self, *args, **kwargs):
+        kwargs["make_runner"] = lambda: FnApiRunner(
+            default_environment=environments.ExternalEnvironment(address))
+        made(self, *args, **kwargs)
+
+    runners = {2: ["--runner", "FnApiRunner", "--direct_num_workers", "2"]}
+    if name in PORTABLE_ONE_WORKER:
+        runners[1] = ["--runner", "PortableRunner", "--job_endpoint", "embed",
+                      "--environment_type", "EXTERNAL", "--environment_config", address]
+    for workers, runner in runners.items():
+        with monkeypatch.context() as patch:
+            if workers == 2:
+                patch.setattr(beam_aggregator.BeamAggregator, "__init__", external)
+            started, jobs_before = pool_log.read_text(errors="replace"), len(beam_jobs)
+            output = tmp_path / f"workers-{workers}"
+            assert _run_with_timeout(common + [
+                "--output", str(output), *runner, "--quality-check", "off",
+                "--temp_location", str(tmp_path / f"temp-{workers}")]) == 0
+        # ``workers`` worker processes per job, started by the pool (not this process).
+        log = pool_log.read_text(errors="replace")[len(started):]
+        jobs = beam_jobs[jobs_before:]
+        assert jobs and log.count("Starting worker with command") == workers * len(jobs), (
+            workers, _kinds(jobs), log)
+        assert jobs[-1]["kind"] == ("stages" if name in STAGE_JOBS else "batches")
+        portable = model_theta(output)
+        if name in SECURE:   # exact integer sums: the same bits in another process
+            np.testing.assert_array_equal(portable, local)
+        else:
+            np.testing.assert_allclose(portable, local, rtol=1e-9, atol=1e-12 * np.abs(local).max())
 
 
 # ============================================================================ 2. jobs per run
@@ -652,9 +666,9 @@ def _shard(i: int) -> data.Shard:
     return data.Shard(f"/data/part-{i}.parquet", (i,), 100 * i, 100)
 
 
-def _shard_blocks(shard: data.Shard, rows: int = 100) -> list[data.Block]:
+def _shard_blocks(shard: data.Shard, rows: int = 100) -> list[Block]:
     x = np.full((rows, 3), float(shard.row_start))
-    return [data.Block(x, np.zeros(rows), shard.path, shard.row_start)]
+    return [Block(x, np.zeros(rows), shard.path, shard.row_start)]
 
 
 SHARD_BYTES = 100 * 3 * 8 + 100 * 8 + 100 * 8   # features, labels, squared norms

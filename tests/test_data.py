@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from beam_dp import data, losses, synthetic
+from beam_dp.block import Block
 
 LOGISTIC = losses.make_loss("logistic")
 LINEAR = losses.make_loss("linear")
@@ -139,13 +140,13 @@ def test_list_files_sorted_absolute_and_comma_separated(tmp_path):
 
 def test_block_key_differs_across_files_and_row_start():
     f = np.zeros((2, 1))
-    keys = {data.Block(f, np.zeros(2), source, start).key
+    keys = {Block(f, np.zeros(2), source, start).key
             for source in ["/d/a.parquet", "/d/b.parquet"] for start in [0, 2, 65536]}
     assert len(keys) == 6
     assert all(0 <= k < 2**63 for k in keys)
     # The key is a function of the position only, not of the content.
-    assert data.Block(f, np.zeros(2), "/d/a.parquet", 2).key == \
-        data.Block(np.ones((2, 1)), np.ones(2), "/d/a.parquet", 2).key
+    assert Block(f, np.zeros(2), "/d/a.parquet", 2).key == \
+        Block(np.ones((2, 1)), np.ones(2), "/d/a.parquet", 2).key
 
 
 # ---------------------------------------------------------------------------------------------

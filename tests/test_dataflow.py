@@ -36,7 +36,7 @@ from apache_beam.portability import common_urns  # noqa: E402
 from beam_dp import batches, data, losses, stats, synthetic  # noqa: E402
 from beam_dp.algorithms.base import TrainState  # noqa: E402
 from beam_dp.algorithms.dp_ambssgd import Assignment  # noqa: E402
-from beam_dp.algorithms.noisy_gd import NoisyGradientStep  # noqa: E402
+from beam_dp.algorithms.gradient_step import NoisyGradientStep  # noqa: E402
 from beam_dp.algorithms.ssp import GramStage  # noqa: E402
 from beam_dp.beam.aggregator import (JOB_GRAPH_BUDGET, JOB_GRAPH_LIMIT,  # noqa: E402
                                      MAX_STEPS_PER_JOB, BeamAggregator)

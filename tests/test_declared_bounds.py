@@ -15,7 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import beam_dp
-from beam_dp import api, data, features, schema
+from beam_dp import api, features, schema
+from beam_dp.block import Block
 from test_feature_scaling import _mechanisms, _train   # (the same helpers)
 
 
@@ -45,7 +46,7 @@ def test_bounds_in_a_schema_are_checked_without_printing_values():
 
 def test_unscale_label_maps_coefficients_back_to_the_label_units():
     scale = features.ScaleColumns((0.0,), (10.0,), 100.0, 300.0)
-    block = scale(data.Block(np.array([[0.0], [10.0], [5.0]]), np.array([100.0, 300.0, 1e9])))
+    block = scale(Block(np.array([[0.0], [10.0], [5.0]]), np.array([100.0, 300.0, 1e9])))
     np.testing.assert_array_equal(block.labels, [-1.0, 1.0, 1.0])   # clipped to the range
     theta_scaled = np.array([[0.5, 0.25]])   # y' = 0.5 x' + 0.25
     theta = scale.unscale_label(theta_scaled)
@@ -54,22 +55,22 @@ def test_unscale_label_maps_coefficients_back_to_the_label_units():
                                200.0 + 100.0 * (0.5 * x_scaled + 0.25))
     # a column with NaN bounds is left as it is, and recorded as None
     mixed = features.ScaleColumns((np.nan, 0.0), (np.nan, 2.0))
-    out = mixed(data.Block(np.array([[1e6, 1.0]]), np.zeros(1))).features
+    out = mixed(Block(np.array([[1e6, 1.0]]), np.zeros(1))).features
     np.testing.assert_array_equal(out, [[1e6, 0.0]])
     recorded = features.spec(mixed)
     assert recorded == {"scale_columns": {"low": [None, 0.0], "high": [None, 2.0]}}
     again = features.from_spec(recorded)
-    np.testing.assert_array_equal(again(data.Block(np.array([[1e6, 1.0]]), np.zeros(1))).features,
+    np.testing.assert_array_equal(again(Block(np.array([[1e6, 1.0]]), np.zeros(1))).features,
                                   out)
 
 
 def test_a_private_range_keeps_tails_up_to_its_reach():
     scale = features.ScaleColumns((0.0, 0.0), (10.0, 10.0), reach=(4.0, 1.0))
     x = np.array([[30.0, 30.0], [1e308, -1e308], [-1.7e308, 5.0]])
-    out = scale(data.Block(x, np.zeros(3))).features
+    out = scale(Block(x, np.zeros(3))).features
     np.testing.assert_array_equal(out, [[4.0, 1.0], [4.0, -1.0], [-4.0, 0.0]])
     again = features.from_spec(features.spec(scale))
-    np.testing.assert_array_equal(again(data.Block(x, np.zeros(3))).features, out)
+    np.testing.assert_array_equal(again(Block(x, np.zeros(3))).features, out)
 
 
 def test_declared_bounds_scale_features_and_label_without_spending_privacy(tmp_path):

@@ -8,7 +8,7 @@ import beam_dp
 from beam_dp import accounting, losses
 from beam_dp.algorithms import noisy_gd
 from beam_dp.algorithms.noisy_gd import NoisyGDConfig
-from beam_dp.data import Block
+from beam_dp.block import Block
 from beam_dp.local import LocalAggregator
 
 

@@ -117,9 +117,11 @@ def _documented_commands() -> dict[str, list[str]]:
     sources = {p.relative_to(REPO).as_posix(): _code_blocks(p.read_text())
                for p in sorted(DEPLOY.rglob("README.md"))}
     sources["deploy/k8s/cronjob.yaml"] = cronjob_script()
+    # The production guide's commands, and the README's short section that points at it.
+    sources["docs/guide/production.md"] = _code_blocks((REPO / "docs" / "guide" / "production.md").read_text())
     readme = (REPO / "README.md").read_text()
-    production = readme[readme.find("## Running in production"):]
-    sources["README.md#running-in-production"] = _code_blocks(production[:production.find("\n## ", 5)])
+    cluster = readme[readme.index("\n## On a cluster and on a schedule\n"):]
+    sources["README.md#on-a-cluster-and-on-a-schedule"] = _code_blocks(cluster[:cluster.find("\n## ", 5)])
     for source, text in sources.items():
         for k, argv in enumerate(beam_dp_commands(text)):
             found[f"{source}:{k}"] = argv
@@ -132,7 +134,8 @@ DOCUMENTED = _documented_commands()
 def test_deploy_documents_the_commands_it_needs():
     kinds = {(s.split(":")[0], a[0]) for s, a in DOCUMENTED.items()}
     for source in ("deploy/flink/README.md", "deploy/spark/README.md", "deploy/k8s/cronjob.yaml",
-                   "deploy/dataflow/README.md", "README.md#running-in-production"):
+                   "deploy/dataflow/README.md", "docs/guide/production.md",
+                   "README.md#on-a-cluster-and-on-a-schedule"):
         assert (source, "train") in kinds, source
 
 
@@ -312,10 +315,11 @@ def test_wheel_holds_every_module_and_the_command(wheel):
         (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
         assert "beam-dp = beam_dp.cli:console_main" in z.read(entry_points).decode()
     modules = {p.relative_to(REPO).as_posix() for p in (REPO / "beam_dp").rglob("*.py")}
-    assert {"beam_dp/cli.py", "beam_dp/beam/aggregator.py"} <= modules
+    assert {"beam_dp/cli/__init__.py", "beam_dp/beam/aggregator.py"} <= modules
     assert modules - names == set()
     # The documented commands name this very file.
-    docs = [REPO / "README.md", *DEPLOY.rglob("*.md"), *DEPLOY.rglob("*.yaml")]
+    docs = [REPO / "README.md", *(REPO / "docs").rglob("*.md"), *DEPLOY.rglob("*.md"),
+            *DEPLOY.rglob("*.yaml")]
     named = {m for d in docs for m in re.findall(r"beam_dp-[^\s/`'\"]+?\.whl", d.read_text())}
     assert named == {wheel.name}
 

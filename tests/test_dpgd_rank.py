@@ -14,7 +14,7 @@ from scipy.special import expit, log_expit
 from beam_dp import accounting, clipping, losses
 from beam_dp.algorithms import noisy_gd
 from beam_dp.algorithms.noisy_gd import NoisyGDConfig, dpgd_steps
-from beam_dp.data import Block
+from beam_dp.block import Block
 from beam_dp.local import LocalAggregator
 
 # ============================================================================ steps from rank

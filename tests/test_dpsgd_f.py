@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from beam_dp import accounting, features, losses
-from beam_dp.algorithms import dpsgd_f, noisy_gd
-from beam_dp.data import Block
+from beam_dp.algorithms import dpsgd_f, noisy_gd, spec
+from beam_dp.block import Block
 from beam_dp.local import LocalAggregator
 
 
@@ -118,8 +118,8 @@ class _FakeTraining:
         self.config, self.dim = config, dim
         self.transform = make_transform(self.preprocessing)
         self.clip_norm = clip_norm_from(self.preprocessing) if clip_norm_from else config.clip_norm
-        return noisy_gd.TrainResult(self.theta.copy(), ledger, 1.0, 0.1, 1, self.clip_norm,
-                                    {"value": 100}, self.preprocessing)
+        return spec.TrainResult(self.theta.copy(), ledger, 1.0, 0.1, 1, self.clip_norm,
+                                {"value": 100}, self.preprocessing)
 
 
 def test_theory_variant_maps_the_model_back_with_b_equal_theta_d_tau_minus_w_mu(monkeypatch):

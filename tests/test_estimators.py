@@ -126,6 +126,34 @@ def test_string_classes(frame):
         DPLogisticRegression(classes=["maybe", "no"], random_state=0).fit(X[["income"]], labels)
 
 
+def test_raw_dataframe_with_a_schema(frame):
+    """With a schema the estimator takes the raw frame (text column, missing cells) as
+    beam_dp.train(frame, schema=...) does, and predicts from a raw frame."""
+    import beam_dp
+
+    X, y = frame
+    raw = X.copy()
+    raw.loc[raw.index[:20], "income"] = np.nan
+    raw.loc[raw.index[20:30], "city"] = None
+    schema = {"categorical": ["city"], "hash_buckets": 8, "missing": {"income": "indicator"},
+              "bounds": {"income": [0, 120_000], "age": [0, 100]}}
+    labels = np.where(y == 1, "yes", "no")
+    clf = DPLogisticRegression(classes=["no", "yes"], random_state=3, num_examples=len(raw),
+                               schema=schema).fit(raw, labels)
+    assert clf.model_.artifact["encoding"]["categorical_columns"] == ["city"]
+    assert list(clf.feature_names_in_) == list(raw.columns)
+    assert set(clf.predict(raw)) <= {"no", "yes"} and clf.predict_proba(raw).shape == (len(raw), 2)
+    assert clf.score(raw, labels) > 0.6
+    direct = beam_dp.train(raw, (labels == "yes").astype(int), schema=schema, epsilon=1.0,
+                           num_examples=len(raw), seed=3)
+    np.testing.assert_array_equal(clf.model_.theta, direct.theta)
+    with pytest.raises(ValueError, match="classes are its own"):
+        DPLogisticRegression(classes=["no", "yes"], schema={**schema, "label_classes": ["no", "yes"]}
+                             ).fit(raw, labels)
+    with pytest.raises(ValueError, match="DataFrame"):
+        DPLogisticRegression(classes=["no", "yes"], schema=schema).fit(raw.to_numpy(), labels)
+
+
 def test_classes_from_y_warn_of_the_leak(binary_xy):
     x, y = binary_xy
     with pytest.warns(PrivacyLeakWarning, match="classes"):

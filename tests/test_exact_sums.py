@@ -20,7 +20,7 @@ import pytest
 
 from beam_dp import clipping, losses
 from beam_dp.clipping import ExactSum
-from beam_dp.data import Block
+from beam_dp.block import Block
 
 Q = clipping.GRID_FEATURE_BITS
 U = clipping.GRID_SCALE_BITS

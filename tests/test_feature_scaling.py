@@ -17,7 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import beam_dp
-from beam_dp import api, data, features
+from beam_dp import api, features
+from beam_dp.block import Block
 
 
 def _train(**kwargs):
@@ -33,7 +34,7 @@ def _mechanisms(model) -> dict:
 def test_scale_columns_is_bounded_and_recorded():
     scale = features.ScaleColumns((0.0, -5.0, 3.0), (10.0, 5.0, 3.0))
     x = np.array([[5.0, 0.0, 3.0], [1e300, -1e300, 7.0], [-1e300, 2.5, -1.0], [10.0, 5.0, 3.0]])
-    out = scale(data.Block(x, np.zeros(4))).features
+    out = scale(Block(x, np.zeros(4))).features
     np.testing.assert_array_equal(out, [[0.0, 0.0, 0.0], [1.0, -1.0, 0.0], [-1.0, 0.5, 0.0],
                                         [1.0, 1.0, 0.0]])
     recorded = features.spec(scale)
@@ -149,9 +150,9 @@ def test_scaling_requests_that_cannot_work_are_refused(tmp_path, kwargs, match):
 def test_only_the_algorithms_that_scale_declare_the_option():
     """dpsgd-f shares dpsgd's options but has its own private preprocessing: it must not accept
     --scale-features and ignore it (it once inherited the flag)."""
-    from beam_dp.algorithms import registry
+    from beam_dp.algorithms import registry, spec
     declaring = {name for name, a in registry.algorithms().items()
                  if "scale_features" in {f.name for f in dataclasses.fields(a.options)}}
     assert declaring == {"dpgd", "dpsgd"}
     with pytest.raises(TypeError, match="unknown option"):
-        registry.make_options(registry.get("dpsgd-f").options, {"scale_features": "private"})
+        spec.make_options(registry.get("dpsgd-f").options, {"scale_features": "private"})

@@ -17,7 +17,7 @@ import pytest
 
 import beam_dp
 from beam_dp import api, geometry, losses, synthetic
-from beam_dp.algorithms import noisy_gd, registry
+from beam_dp.algorithms import gradient_step, noisy_gd, spec
 from beam_dp.algorithms.base import TrainState
 from beam_dp.categorical import Encoding
 from beam_dp.sampling import PoissonSampler
@@ -33,7 +33,7 @@ def _train(**kwargs):
 
 
 def _step(l1_radius, noise_std=50.0, shape=(1, 2001)):
-    return noisy_gd.NoisyGradientStep(
+    return gradient_step.NoisyGradientStep(
         loss=LOGISTIC, clip_norm=1.0, noise_std=noise_std, normalizer=100.0, learning_rate=1.0,
         sampler=PoissonSampler(1.0, 0), seed=7, shape=shape, l1_radius=l1_radius)
 
@@ -59,22 +59,22 @@ def test_the_projected_step_is_the_plain_steps_update_projected():
 
 def test_gradient_sparsity_counts_the_declared_columns_and_the_intercept():
     encoding = Encoding(("position",), tuple(CATEGORICAL), hash_buckets=1 << 20).spec()
-    privacy = registry.Privacy(epsilon=1.0)
-    sparse = registry.Problem(LOGISTIC, 1 << 20, privacy, source={"encoding": encoding}, sparse=True)
+    privacy = spec.Privacy(epsilon=1.0)
+    sparse = spec.Problem(LOGISTIC, 1 << 20, privacy, source={"encoding": encoding}, sparse=True)
     assert noisy_gd.gradient_sparsity(sparse) == 1 + len(CATEGORICAL) + 1
-    no_intercept = registry.Problem(LOGISTIC, 1 << 20, privacy, fit_intercept=False,
-                                    source={"encoding": encoding}, sparse=True)
+    no_intercept = spec.Problem(LOGISTIC, 1 << 20, privacy, fit_intercept=False,
+                                source={"encoding": encoding}, sparse=True)
     assert noisy_gd.gradient_sparsity(no_intercept) == 1 + len(CATEGORICAL)
     multinomial = losses.make_loss("softmax", num_classes=4)
-    assert noisy_gd.gradient_sparsity(registry.Problem(
+    assert noisy_gd.gradient_sparsity(spec.Problem(
         multinomial, 1 << 20, privacy, source={"encoding": encoding}, sparse=True)) == 4 * 5
     # a missing indicator is one more nonzero per row
     indicated = Encoding(("position",), tuple(CATEGORICAL), hash_buckets=1 << 20,
                          missing=(("position", "indicator", 0.0),)).spec()
-    assert noisy_gd.gradient_sparsity(registry.Problem(
+    assert noisy_gd.gradient_sparsity(spec.Problem(
         LOGISTIC, 1 << 20, privacy, source={"encoding": indicated}, sparse=True)) == 1 + 1 + 3 + 1
     # a dense problem: every coefficient
-    assert noisy_gd.gradient_sparsity(registry.Problem(LOGISTIC, 7, privacy)) == 8
+    assert noisy_gd.gradient_sparsity(spec.Problem(LOGISTIC, 7, privacy)) == 8
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import scipy.optimize
 import beam_dp
 from beam_dp import accounting, geometry, losses, mechanisms
 from beam_dp.algorithms import heavy_tailed_md as H
-from beam_dp.algorithms import registry
+from beam_dp.algorithms import registry, spec
 from beam_dp.algorithms.base import TrainState
 from beam_dp.data import blocks_from_arrays
 from beam_dp.local import LocalAggregator
@@ -184,8 +184,8 @@ def test_every_row_is_in_exactly_one_batch_and_steps_agree():
 # ------------------------------------------------------------------------------ training
 
 def _train(x, y, epsilon=1.0, seed=0, num_examples=None, fit_intercept=True, **options):
-    privacy = registry.Privacy(epsilon=epsilon, num_examples=num_examples)
-    problem = registry.Problem(LINEAR, x.shape[1], privacy, fit_intercept)
+    privacy = spec.Privacy(epsilon=epsilon, num_examples=num_examples)
+    problem = spec.Problem(LINEAR, x.shape[1], privacy, fit_intercept)
     aggregator = LocalAggregator(blocks_from_arrays(x, y, LINEAR, 4096,
                                                     feature_names=[f"x{j}" for j in range(x.shape[1])]))
     return H.train(H.HeavyTailedMdOptions(**options), problem, aggregator, seed,
@@ -355,8 +355,8 @@ class _NoData:
     ({}, {"epsilon": None, "noise_multiplier": 3.0}, "linear", "above the 1"),
 ])
 def test_bad_input_is_refused_before_the_data_is_read(options, privacy, model, match):
-    problem = registry.Problem(losses.make_loss(model), 3,
-                               registry.Privacy(**{"epsilon": 1.0, **privacy}))
+    problem = spec.Problem(losses.make_loss(model), 3,
+                           spec.Privacy(**{"epsilon": 1.0, **privacy}))
     with pytest.raises(ValueError, match=match):
         H.train(H.HeavyTailedMdOptions(**options), problem, _NoData(), 0,
                 accounting.Ledger("pld", accounting.REPLACE_ONE))
@@ -460,7 +460,7 @@ def test_cli_on_mass_boston(cli, tmp_path):
 def test_listed_with_its_options():
     chosen = registry.get("heavy-tailed-md")
     assert chosen.relation == accounting.REPLACE_ONE and chosen.models == ("linear",)
-    flags = [f for f, _, _ in registry.describe(chosen.options)]
+    flags = [f for f, _, _ in spec.describe(chosen.options)]
     assert flags == ["--p", "--constraint", "--radius", "--smoothness", "--truncation-slack",
                      "--batches", "--learning-rate"]
-    assert json.dumps(registry.describe(chosen.options))
+    assert json.dumps(spec.describe(chosen.options))

@@ -15,8 +15,8 @@ import pytest
 
 import beam_dp
 from beam_dp import api, stats
-from beam_dp.algorithms import noisy_gd
-from beam_dp import categorical
+from beam_dp import categorical, column_scaling
+from beam_dp.block import Block
 from beam_dp.categorical import EncodingError
 
 FAILURE = 1e-3   # each tolerance below holds with probability at least 1 - FAILURE
@@ -62,8 +62,8 @@ def test_the_released_median_is_within_the_mechanisms_rank_error_and_predict_app
     # grid point g and the one below it bracket the target rank up to E ranks, E at FAILURE.
     present = np.sort(x2[~np.isnan(x2)])
     target = present.size / 2
-    error = stats.quantile_rank_error_bound(noisy_gd.SCALE_GRID_SIZE, released["epsilon"], FAILURE)
-    grid = stats.symmetric_log_grid(noisy_gd.SCALE_GRID_BOUND, noisy_gd.SCALE_GRID_SIZE, 1e12)[0]
+    error = stats.quantile_rank_error_bound(column_scaling.SCALE_GRID_SIZE, released["epsilon"], FAILURE)
+    grid = stats.symmetric_log_grid(column_scaling.SCALE_GRID_BOUND, column_scaling.SCALE_GRID_SIZE, 1e12)[0]
     below = grid[np.searchsorted(grid, fill) - 1]
     assert np.searchsorted(present, fill, side="right") >= target - error
     assert np.searchsorted(present, below, side="right") <= target + error
@@ -179,9 +179,9 @@ def test_raw_airquality_trains_with_median_fills_on_the_default_path(tmp_path, c
 
 
 def test_the_training_transform_fills_before_scaling_and_records_the_fill():
-    from beam_dp import data, features
+    from beam_dp import features
     transform = features.ScaleColumns((0.0, np.nan), (10.0, np.nan), fill=(4.0, 2.0))
-    block = data.Block(np.array([[np.nan, np.nan], [6.0, 1.0]]), np.zeros(2), "t", 0)
+    block = Block(np.array([[np.nan, np.nan], [6.0, 1.0]]), np.zeros(2), "t", 0)
     expected = np.array([[(4.0 - 5.0) / 5.0, 2.0], [(6.0 - 5.0) / 5.0, 1.0]])
     np.testing.assert_allclose(transform(block).features, expected, rtol=0, atol=1e-15)
     # as recorded in model.json and rebuilt (the quality check's and predict's map)
@@ -291,8 +291,8 @@ def test_the_fills_float_noise_is_refused_by_noise_secure_and_said_by_default(tm
         with pytest.raises(ValueError, match="imputation adds float noise"):
             _train(missing={"x2": policy}, noise="secure", **common)
     model = _train(missing={"x2": "mean"}, **common)
-    assert noisy_gd.IMPUTE_FLOAT_NOTE in model.privacy_report["accounting_notes"]
+    assert column_scaling.IMPUTE_FLOAT_NOTE in model.privacy_report["accounting_notes"]
     event = [m for m in model.privacy_report["mechanisms"] if m["name"] == "laplace_imputation_mean"]
     assert event[0]["noise"] == "float Laplace (numpy)"
     plain = _train(missing={"x2": "constant:0"}, **common)   # (no fill released: no note)
-    assert noisy_gd.IMPUTE_FLOAT_NOTE not in plain.privacy_report["accounting_notes"]
+    assert column_scaling.IMPUTE_FLOAT_NOTE not in plain.privacy_report["accounting_notes"]

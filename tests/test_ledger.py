@@ -24,6 +24,7 @@ from dp_accounting import dp_event as ev
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from beam_dp import accounting
+from beam_dp.accounting import rdp_accountant
 from beam_dp.ledger import (
     COMMITTED, NEW, ORDERS, RESERVED, RESUME, VOID, BudgetExceeded, LedgerError, NoBudget,
     ReleaseIdCollision, ReleaseInProgress, SchemaTooNew, commands, event_from_json,
@@ -157,12 +158,12 @@ def test_event_json_reads_only_known_event_types():
 ])
 def test_rdp_curve_is_dp_accountings(event, relation):
     """dp_accounting's RDP, of the event in its units: under replace-one its Gaussian and Laplace
-    multipliers halved (``accounting._rdp_replace_one_units``: the project states them against
+    multipliers halved (``rdp_accountant._rdp_replace_one_units``: the project states them against
     the add/remove sensitivity, as dp_accounting's PLD reads them)."""
     relations = {accounting.ADD_REMOVE: rdp_privacy_accountant.NeighborRel.ADD_OR_REMOVE_ONE,
                  accounting.REPLACE_ONE: rdp_privacy_accountant.NeighborRel.REPLACE_ONE}
     theirs = rdp_privacy_accountant.RdpAccountant(list(ORDERS), relations[relation])
-    units = accounting._rdp_replace_one_units(event) if relation == accounting.REPLACE_ONE else event
+    units = rdp_accountant._rdp_replace_one_units(event) if relation == accounting.REPLACE_ONE else event
     np.testing.assert_array_equal(rdp_filter.rdp_curve(event, relation),
                                   theirs.compose(units).rdp)
 

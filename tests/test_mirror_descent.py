@@ -23,7 +23,7 @@ from dp_accounting.pld import privacy_loss_distribution
 import beam_dp
 from beam_dp import accounting, data, geometry, losses
 from beam_dp.algorithms import mirror_descent as md
-from beam_dp.algorithms import registry
+from beam_dp.algorithms import spec
 from beam_dp.algorithms.base import TrainState
 from beam_dp.local import LocalAggregator
 
@@ -50,7 +50,7 @@ def _erm(z, y):
 
 def _noiseless_step(d, n, alpha, fit_intercept=False):
     """Algorithm 3's step on the Huber design's constants, with sigma = 0."""
-    problem = registry.Problem(HUBER, d, registry.Privacy(epsilon=1.0), fit_intercept=fit_intercept)
+    problem = spec.Problem(HUBER, d, spec.Privacy(epsilon=1.0), fit_intercept=fit_intercept)
     geo = md.geometry_plan(md.MirrorDescentOptions(feature_bound=1.0, alpha=alpha), problem)
     beta = geo["beta_relative"]
     return md.MirrorDescentStep(HUBER, (1, d + 1), fit_intercept, geo["q"], geo["clip_norm"],
@@ -384,8 +384,8 @@ def test_a_jobs_copy_holds_its_steps_noise_keys_not_the_root_seed():
 
     z, y, _ = md.lp_huber_design(500, 6, seed=1)
     root = 0x1234_5678_9ABC_DEF0_1122_3344
-    problem = registry.Problem(HUBER, 6, registry.Privacy(epsilon=1.0, num_examples=500),
-                               steps_per_chunk=5)
+    problem = spec.Problem(HUBER, 6, spec.Privacy(epsilon=1.0, num_examples=500),
+                           steps_per_chunk=5)
     options = md.MirrorDescentOptions(steps=12)
     aggregator = Recording(data.blocks_from_arrays(z, y, HUBER, 200))
     result = md.train(options, problem, aggregator, root, accounting.Ledger(

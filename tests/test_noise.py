@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from beam_dp import accounting, clipping, losses, mechanisms
-from beam_dp.algorithms import noisy_gd
+from beam_dp import accounting, clipping, dataset_size, losses, mechanisms
+from beam_dp.algorithms import gradient_step, noisy_gd
 from beam_dp.algorithms.base import TrainState
 from beam_dp.sampling import PoissonSampler
 
@@ -31,7 +31,7 @@ NOISES = pytest.mark.parametrize("noise", noisy_gd.NOISE_KINDS)
 
 
 def _step(seed=2024, fit_intercept=True, noise="float"):
-    return noisy_gd.NoisyGradientStep(
+    return gradient_step.NoisyGradientStep(
         loss=losses.make_loss("softmax", num_classes=CLASSES), clip_norm=CLIP_NORM,
         noise_std=NOISE_MULTIPLIER * CLIP_NORM, normalizer=NORMALIZER,
         learning_rate=LEARNING_RATE, sampler=PoissonSampler(0.1, seed), seed=seed,
@@ -132,7 +132,7 @@ def test_laplace_count_has_the_calibrated_scale():
     config = noisy_gd.NoisyGDConfig(algorithm="dpsgd", batch_size=100, steps=1,
                                     noise_multiplier=1.0, count_epsilon=count_epsilon)
     released = np.array([
-        noisy_gd.release_dataset_size(config, Counts(), seed, accounting.Ledger())["value"]
+        dataset_size.release_dataset_size(config, Counts(), seed, accounting.Ledger())["value"]
         for seed in range(seeds)], dtype=float)
     errors = released - 1000
     b = 1.0 / count_epsilon
@@ -163,7 +163,7 @@ def test_secure_noise_is_the_default_and_stands_back_where_it_cannot_be_used():
     """Default (no noise=): secure noise; where its grid cannot hold the noise (a noise multiplier
     of 0.001), float noise with a note in the report; an explicit noise="secure" refuses."""
     import beam_dp
-    from beam_dp.algorithms import noisy_gd as ngd
+    from beam_dp import secure_noise
     rng = np.random.default_rng(3)
     x = rng.normal(size=(400, 3))
     y = (x[:, 0] > 0).astype(float)
@@ -176,5 +176,5 @@ def test_secure_noise_is_the_default_and_stands_back_where_it_cannot_be_used():
     assert fallback["mechanisms"][-1]["noise"] == "float Gaussian (numpy) on float sums"
     assert any(note.startswith("secure noise is the default, but it could not be used")
                for note in fallback["accounting_notes"])
-    with pytest.raises(ngd.SecureNoiseUnavailable, match="use --noise float"):
+    with pytest.raises(secure_noise.SecureNoiseUnavailable, match="use --noise float"):
         beam_dp.train(x, y, noise_multiplier=0.001, noise="secure", **common)

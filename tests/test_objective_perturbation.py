@@ -41,8 +41,8 @@ from scipy.special import expit
 import beam_dp
 from beam_dp import accounting, data, features, geometry, losses, mechanisms
 from beam_dp.algorithms import objective_perturbation as op
-from beam_dp.algorithms import registry
-from beam_dp.data import Block
+from beam_dp.algorithms import spec
+from beam_dp.block import Block
 from beam_dp.local import LocalAggregator
 
 from conftest import islr_default_columns, read_json
@@ -171,7 +171,7 @@ def _noiseless_run(monkeypatch, x, y, constraint, lam, accuracy, bound=3.0, epsi
     return op.perturbed_minimizer(
         aggregator, op.GlmGradient(LOGISTIC, features.ClipRows(bound), True),
         op.glm_smoothness(LOGISTIC, bound, d, True), constraint, (1, d + 1), True, n,
-        registry.Privacy(epsilon=epsilon, delta=DELTA), lam, accuracy, seed=3, **kw)
+        spec.Privacy(epsilon=epsilon, delta=DELTA), lam, accuracy, seed=3, **kw)
 
 
 # ============================================================== 1. noise off: the certified solve
@@ -305,7 +305,7 @@ def test_mean_point_output_is_the_projected_noisy_mean(monkeypatch, kind, radius
     theta, plan = op.perturbed_minimizer(
         LocalAggregator(blocks), op.MeanPointGradient(MEAN_D), op.mean_point_smoothness(MEAN_D),
         geometry.Constraint(kind, radius), (1, MEAN_D + 1), False, MEAN_N,
-        registry.Privacy(epsilon=1.0, delta=DELTA), 0.0, None, seed=seed)
+        spec.Privacy(epsilon=1.0, delta=DELTA), 0.0, None, seed=seed)
     assert plan["passes"] == 2 and plan["condition_number"] == 1.0
     eps1, delta1 = 0.5, DELTA / 2
     sigma1 = math.sqrt(32 * 2.0 ** 2 * math.log(1.25 / delta1)) / eps1   # L = 2
@@ -453,14 +453,14 @@ class _NoData:
     ({"count_epsilon": 0.1}, "--count-epsilon"),
 ])
 def test_the_core_refuses_before_touching_the_aggregator(privacy, match):
-    problem = registry.Problem(LOGISTIC, 3, registry.Privacy(**{"epsilon": 1.0, **privacy}))
+    problem = spec.Problem(LOGISTIC, 3, spec.Privacy(**{"epsilon": 1.0, **privacy}))
     with pytest.raises(ValueError, match=match):
         op.train(op.ObjectivePerturbationOptions(), problem, _NoData(), 0,
                  accounting.Ledger("pld", accounting.REPLACE_ONE), lambda *a: None)
 
 
 def test_the_core_refuses_add_remove_neighbours_and_a_bad_set_before_the_data():
-    problem = registry.Problem(LOGISTIC, 3, registry.Privacy(epsilon=1.0))
+    problem = spec.Problem(LOGISTIC, 3, spec.Privacy(epsilon=1.0))
     with pytest.raises(ValueError, match="replace-one"):
         op.train(op.ObjectivePerturbationOptions(), problem, _NoData(), 0,
                  accounting.Ledger("pld", accounting.ADD_REMOVE), lambda *a: None)
@@ -550,7 +550,7 @@ def test_too_little_regularization_is_refused_at_lemma_5s_bound(monkeypatch, cli
             Counting.passes += len(stages)
             return super().run_stages(stages, state)
     monkeypatch.setattr(op, "model_noise", lambda *a: pytest.fail("noise drawn"))
-    problem = registry.Problem(LOGISTIC, 3, registry.Privacy(epsilon=1.0))
+    problem = spec.Problem(LOGISTIC, 3, spec.Privacy(epsilon=1.0))
     with pytest.raises(ValueError, match="--regularization"):
         op.train(op.ObjectivePerturbationOptions(regularization=least * (1 - 1e-6)), problem,
                  Counting(data.blocks_from_arrays(x, (y > 0).astype(float), LOGISTIC, 100)), 0,

@@ -12,8 +12,8 @@ from dp_accounting.pld import privacy_loss_distribution
 import beam_dp
 from beam_dp import accounting, features, geometry, losses, mechanisms
 from beam_dp.algorithms import objective_perturbation as op
-from beam_dp.algorithms.registry import Privacy
-from beam_dp.data import Block
+from beam_dp.algorithms.spec import Privacy
+from beam_dp.block import Block
 from beam_dp.local import LocalAggregator
 
 from conftest import read_json

@@ -21,9 +21,9 @@ import beam_dp
 from beam_dp import accounting, api, features, losses, synthetic
 from beam_dp.algorithms import objective_perturbation as objective
 from beam_dp.algorithms import output_perturbation as outp
-from beam_dp.algorithms import registry
-from beam_dp.algorithms.registry import Privacy, Problem
-from beam_dp.data import Block
+from beam_dp.algorithms import registry, spec
+from beam_dp.algorithms.spec import Privacy, Problem
+from beam_dp.block import Block
 from beam_dp.local import LocalAggregator
 
 DELTA = 1e-5
@@ -178,7 +178,7 @@ def test_released_model_is_the_certified_solution_plus_the_planned_gaussian():
     block = Block(x, y)
     loss = losses.make_loss("logistic")
     problem = Problem(loss, d, Privacy(epsilon=1.0, delta=DELTA, num_examples=n), fit_intercept=True)
-    options = registry.make_options(outp.OutputPerturbationOptions, {"feature_bound": 1.0})
+    options = spec.make_options(outp.OutputPerturbationOptions, {"feature_bound": 1.0})
     ledger = accounting.Ledger("pld", accounting.REPLACE_ONE)
     result = outp.train(options, problem, LocalAggregator([block]), 11, ledger, lambda *a: None)
     plan = result.preprocessing

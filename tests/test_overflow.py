@@ -29,7 +29,7 @@ import pytest
 
 from beam_dp import accounting, clipping, features, losses, stats
 from beam_dp.algorithms import base, dp_ambssgd, dpsgd_f, noisy_gd, ssp
-from beam_dp.data import Block
+from beam_dp.block import Block
 from beam_dp.local import LocalAggregator
 
 D = 4

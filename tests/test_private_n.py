@@ -19,8 +19,8 @@ import pytest
 from scipy import stats as st
 
 from beam_dp import accounting, losses, stats
-from beam_dp.algorithms import dpsgd_f, noisy_gd
-from beam_dp.data import Block
+from beam_dp.algorithms import dpsgd_f, noisy_gd, spec
+from beam_dp.block import Block
 from beam_dp.local import LocalAggregator
 
 ALPHA = 1e-6
@@ -239,8 +239,8 @@ class _PreprocessOnly:
                  checkpoint_key=None):
         pre = preprocess(self.n)
         self.transform = make_transform(pre)
-        return noisy_gd.TrainResult(np.zeros((1, dim)), ledger, 1.0, 0.1, 1, 1.0,
-                                    {"value": self.n}, pre)
+        return spec.TrainResult(np.zeros((1, dim)), ledger, 1.0, 0.1, 1, 1.0,
+                                {"value": self.n}, pre)
 
 
 def test_theory_variant_derives_the_feature_bound_privately_and_reports_the_clipping(monkeypatch):

@@ -21,7 +21,7 @@ from scipy import optimize
 from scipy import stats as st
 
 from beam_dp import accounting, stats, synthetic
-from beam_dp.data import Block
+from beam_dp.block import Block
 from beam_dp.local import LocalAggregator
 from conftest import model_theta, read_json
 

@@ -14,6 +14,7 @@ import pytest
 
 import beam_dp
 from beam_dp import api, cli, losses, quality, synthetic
+from beam_dp.cli.exit_codes import EXIT_QUALITY
 from beam_dp.algorithms import noisy_gd, registry
 
 
@@ -183,7 +184,7 @@ def test_diverged_model_exits_non_zero_and_writes_nothing(monkeypatch, tmp_path,
     code = cli.main(["train", "--input", str(directory / "train-*"), "--output", str(out),
                      "--runner", "local", "--model", "linear", "--epsilon", "1", "--seed", "0"])
     err = capsys.readouterr().err
-    assert code == cli.EXIT_QUALITY
+    assert code == EXIT_QUALITY
     assert not os.path.exists(out) and not os.path.exists(out / "model.json")
     expected = "not finite" if value == math.inf else "much worse than a constant"
     assert expected in err and "no model was written" in err
@@ -285,8 +286,8 @@ def test_an_assumed_label_bound_refuses_only_labels_that_fit_inside_it():
 
 def test_reserve_marks_the_default_bound_as_assumed():
     from beam_dp import accounting, losses, quality
-    from beam_dp.algorithms import registry
-    privacy = registry.Privacy(epsilon=1.0, delta=1e-5, accountant="pld")
+    from beam_dp.algorithms import spec
+    privacy = spec.Privacy(epsilon=1.0, delta=1e-5, accountant="pld")
     def reserve(model, bound=None):
         return quality.reserve(accounting.Ledger("pld"), losses.make_loss(model), privacy,
                                epsilon=None, label_bound=bound, secure=False)

@@ -23,7 +23,7 @@ from scipy.special import expit
 
 from beam_dp import cli as cli_mod
 from beam_dp import data, synthetic
-from beam_dp.algorithms import registry
+from beam_dp.algorithms import registry, spec
 from conftest import model_theta, read_json
 
 ALGORITHMS = registry.algorithms()
@@ -145,7 +145,7 @@ def test_train_help_shows_every_default_and_help_text(run, monkeypatch, algorith
 def test_train_help_of_an_algorithm_lists_its_declared_options(run, monkeypatch, algorithm):
     chosen = ALGORITHMS[algorithm]
     entries = _help_entries(_help(run, monkeypatch, "train", "--algorithm", algorithm))
-    declared = registry.describe(chosen.options)
+    declared = spec.describe(chosen.options)
     assert declared, f"{algorithm} declares no options"
     for flag, default, text in declared:
         assert flag in entries, f"{flag} of {algorithm} missing from its --help"
@@ -154,7 +154,7 @@ def test_train_help_of_an_algorithm_lists_its_declared_options(run, monkeypatch,
             assert f"(default: {default})" in entries[flag]
     # Only its own: no flag another algorithm declares and it does not.
     own = {f for f, _, _ in declared}
-    others = {f for a in ALGORITHMS.values() for f, _, _ in registry.describe(a.options)} - own
+    others = {f for a in ALGORITHMS.values() for f, _, _ in spec.describe(a.options)} - own
     assert not others & set(entries), f"{algorithm}'s help shows {sorted(others & set(entries))}"
 
 
@@ -207,7 +207,7 @@ def test_algorithms_lists_every_algorithm_with_its_flags(run):
         lines = blocks[name]
         assert lines[0] == f"{name}: {algorithm.use_when}"
         assert any(", ".join(algorithm.models) in line for line in lines)
-        for flag, default, text in registry.describe(algorithm.options):
+        for flag, default, text in spec.describe(algorithm.options):
             (line,) = [l for l in lines if l.split()[0] == flag]
             assert " ".join(text.replace("%%", "%").split()) in line
             assert line.endswith(f"(default: {default})")
@@ -218,8 +218,8 @@ def _out_of_range_values():
     bound, not finite, or not one of its choices."""
     cases = []
     for name, algorithm in ALGORITHMS.items():
-        for f, kind in registry.fields(algorithm.options):
-            meta, flag = f.metadata, registry.flag(f.name)
+        for f, kind in spec.fields(algorithm.options):
+            meta, flag = f.metadata, spec.flag(f.name)
             if meta.get("choices"):
                 cases.append((name, flag, "bogus"))
             elif kind in (int, float):
@@ -265,22 +265,22 @@ def test_flags_of_other_algorithms_are_refused(run, tmp_path, shards, monkeypatc
     own = {f.name for f in dataclasses.fields(ALGORITHMS[algorithm].options)}
     foreign = {}
     for other in ALGORITHMS.values():
-        for f, kind in registry.fields(other.options):
+        for f, kind in spec.fields(other.options):
             if f.name not in own:
                 foreign[f.name] = (f, kind)
     assert foreign or len(ALGORITHMS) == 1
     for name, (f, kind) in sorted(foreign.items()):
         if kind is bool:
-            tokens = [registry.flag(name)]
+            tokens = [spec.flag(name)]
         elif f.metadata.get("choices"):
-            tokens = [registry.flag(name), str(f.metadata["choices"][0])]
+            tokens = [spec.flag(name), str(f.metadata["choices"][0])]
         else:
-            tokens = [registry.flag(name), "10"]
+            tokens = [spec.flag(name), "10"]
         r = run("train", "--input", shards["binary_glob"], "--output", tmp_path / "out",
                 "--epsilon", "1", "--algorithm", algorithm, *tokens, *LOCAL)
         assert r.code == 2, (tokens, r)
         (line,) = r.error_lines
-        assert registry.flag(name) in line and algorithm in line, line
+        assert spec.flag(name) in line and algorithm in line, line
         assert not (tmp_path / "out").exists()
 
 
@@ -298,19 +298,24 @@ def _string_constants(tree) -> list[ast.Constant]:
 
 
 def test_cli_has_no_branch_on_an_algorithm_name():
-    """cli.py names no algorithm except in DEFAULT_ALGORITHM's definition: everything
-    algorithm-specific comes from the registry."""
-    tree = ast.parse(inspect.getsource(cli_mod))
-    allowed = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "DEFAULT_ALGORITHM"
-                                                for t in node.targets):
-            allowed |= {id(c) for c in _string_constants(node)}
-    assert allowed, "DEFAULT_ALGORITHM is not defined in cli.py"
-    named = [(c.lineno, c.value) for c in _string_constants(tree)
-             if c.value in ALGORITHMS and id(c) not in allowed]
+    """No module of the CLI names an algorithm except in DEFAULT_ALGORITHM's definition:
+    everything algorithm-specific comes from the registry."""
+    import pathlib
+
+    from beam_dp.cli import parsing
+
+    allowed, named = set(), []
+    for path in sorted(pathlib.Path(cli_mod.__file__).parent.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "DEFAULT_ALGORITHM"
+                                                    for t in node.targets):
+                allowed |= {id(c) for c in _string_constants(node)}
+        named += [(path.name, c.lineno, c.value) for c in _string_constants(tree)
+                  if c.value in ALGORITHMS and id(c) not in allowed]
+    assert allowed, "DEFAULT_ALGORITHM is not defined in the CLI"
     assert named == []
-    assert cli_mod.DEFAULT_ALGORITHM in ALGORITHMS
+    assert parsing.DEFAULT_ALGORITHM in ALGORITHMS
 
 
 @pytest.mark.parametrize("module", ["beam_dp.api", "beam_dp.estimators"])
@@ -324,30 +329,30 @@ def test_api_and_estimators_do_not_compare_algorithm_names(module):
     assert compared == []
 
 
-# ---------------------------------------------------------- a new algorithm needs no cli.py edit
+# ------------------------------------------------------- a new algorithm needs no CLI edit
 
 
 @dataclasses.dataclass
 class _ToyOptions:
-    shrink: float = registry.option(0.5, "toy: the intercept it outputs", low=0, high=1)
+    shrink: float = spec.option(0.5, "toy: the intercept it outputs", low=0, high=1)
 
 
 def _toy_train(options, problem, aggregator, seed, ledger, progress):
     from dp_accounting import dp_event
 
-    from beam_dp.algorithms import noisy_gd
+    from beam_dp.algorithms import spec
 
     ledger.record("toy_release", dp_event.GaussianDpEvent(10.0), 1, noise_multiplier=10.0)
     theta = np.zeros((problem.loss.outputs(), problem.dim + 1))
     theta[:, -1] = options.shrink
-    return noisy_gd.TrainResult(theta=theta, ledger=ledger, noise_multiplier=10.0,
-                                sampling_probability=1.0, steps=1, clip_norm=1.0,
-                                dataset_size={"source": "public", "value": 1}, preprocessing={})
+    return spec.TrainResult(theta=theta, ledger=ledger, noise_multiplier=10.0,
+                            sampling_probability=1.0, steps=1, clip_norm=1.0,
+                            dataset_size={"source": "public", "value": 1}, preprocessing={})
 
 
 def test_a_registered_algorithm_gets_flags_help_and_training_without_touching_cli(
         run, tmp_path, shards, monkeypatch):
-    toy = registry.Algorithm("toy", "testing the registry", ("logistic",), _ToyOptions, _toy_train)
+    toy = spec.Algorithm("toy", "testing the registry", ("logistic",), _ToyOptions, _toy_train)
     original = registry.algorithms
 
     def with_toy():

@@ -35,7 +35,7 @@ from beam_dp import accounting, losses
 from beam_dp.algorithms import base, dp_ambssgd, ssp
 from beam_dp.algorithms.base import TrainState
 from beam_dp.algorithms.noisy_gd import NoisyGDConfig
-from beam_dp.data import Block
+from beam_dp.block import Block
 from beam_dp.local import LocalAggregator
 from conftest import model_theta, read_json
 

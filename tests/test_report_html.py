@@ -236,3 +236,17 @@ def test_progress_points_are_bounded_and_end_each_run():
         assert sum(len(p) for p in points) <= max(12, len(counts) if len(counts) <= 12 else 12)
         assert points[-1][-1] == counts[-1]                # the whole run is always a point
         assert all(0 < j <= c for p, c in zip(points, counts) for j in p)
+
+
+def test_column_names_follow_the_encodings_layout_with_missing_indicators():
+    """An encoding with a missing-value indicator: one name per coefficient, in the model's
+    column order (numeric, indicators, then the vocabulary's columns), so report.html names them
+    instead of falling back to positions."""
+    from beam_dp.categorical import Encoding
+
+    encoding = Encoding(("age", "spend"), ("plan",), vocabulary=(("plan", ("basic", "pro")),),
+                        missing=(("spend", "indicator", 0.0),))
+    model = {"coefficients": [0.0] * encoding.dim, "encoding": encoding.spec()}
+    names = report_html.coefficient_names(model)
+    assert names == ["age", "spend", "spend_missing", "plan=basic", "plan=pro", "plan=(other)"]
+    assert len(names) == encoding.dim

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from beam_dp.data import Block
+from beam_dp.block import Block
 from beam_dp.sampling import PoissonSampler
 
 ALPHA = 1e-6

@@ -19,6 +19,7 @@ import pytest
 
 import beam_dp
 from beam_dp import api, categorical, data, schema
+from beam_dp.block import Block
 from beam_dp.categorical import Encoding, EncodingError
 
 SECRET = "SECRET-LABEL-777"
@@ -426,11 +427,11 @@ def test_the_constant_baseline_survives_huge_and_offset_labels():
     theta = np.zeros((1, 2))
     g = np.random.default_rng(0)
     offset = 1e9 + g.normal(size=1000)
-    blocks = [data.Block(np.zeros((500, 1)), offset[:500]), data.Block(np.zeros((500, 1)), offset[500:])]
+    blocks = [Block(np.zeros((500, 1)), offset[:500]), Block(np.zeros((500, 1)), offset[500:])]
     metrics = report.evaluate(linear, theta, blocks)
     # the spread of 1e9 + N(0, 1) is about 1 (E[y^2] - E[y]^2 gave 0 here)
     assert metrics["constant_baseline"]["rmse"] == pytest.approx(np.std(offset), rel=1e-6)
-    huge = [data.Block(np.zeros((2, 1)), np.array([1e200, -1e200]))]
+    huge = [Block(np.zeros((2, 1)), np.array([1e200, -1e200]))]
     metrics = report.evaluate(linear, theta, huge)     # no OverflowError
     assert metrics["better_than_constant"] in (True, False)
 

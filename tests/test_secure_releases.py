@@ -24,12 +24,12 @@ import pytest
 import scipy.linalg
 from scipy import stats as sps
 
-from beam_dp import accounting, clipping, losses, mechanisms, stats
-from beam_dp.algorithms import dp_ambssgd, noisy_gd, ssp
+from beam_dp import accounting, clipping, losses, mechanisms, secure_noise, stats
+from beam_dp.algorithms import dp_ambssgd, ssp
 from beam_dp.algorithms.base import TrainState
 from beam_dp.algorithms.noisy_gd import NoisyGDConfig
 from beam_dp.clipping import ExactSum
-from beam_dp.data import Block
+from beam_dp.block import Block
 from beam_dp.local import LocalAggregator
 from conftest import read_json
 
@@ -206,7 +206,7 @@ def test_ssp_rows_stay_within_the_sensitivities_the_noise_and_the_ledger_use(sig
         assert nominal < recorded[name] < nominal * (1 + 1e-4), name
     assert release.params["sampler_delta_bound"] > 0
     assert release.params["noise"].startswith("discrete Gaussian on exact integer sums")
-    assert noisy_gd.secure_release_note() in ledger.notes
+    assert secure_noise.secure_release_note() in ledger.notes
 
 
 def test_lambda_min_floor_is_exact_and_moves_by_at_most_the_sensitivity():
@@ -333,7 +333,7 @@ def _amb_step(noise="secure", levels=8, resolution=0.125, feature_norm=1.0, boun
     secure = {}
     if noise == "secure":
         secure = dict(noise="secure", count_bits=dp_ambssgd.count_bits(sigma_stat),
-                      scale_bits=noisy_gd.secure_scale_bits(sigma_grad))
+                      scale_bits=secure_noise.secure_scale_bits(sigma_grad))
     return dp_ambssgd.AmbssgdStep(d, levels, resolution, bound, feature_norm, sigma_stat,
                                   sigma_grad, stat_size, batch_size, learning_rate, margin, 0, 11,
                                   **secure)
@@ -350,7 +350,7 @@ def test_every_level_of_the_multi_level_kernel_is_the_single_level_kernel():
     q, shift = clipping.quantized_rows(x, True)
     norms = np.sqrt(np.einsum("ij,ij->i", q, q))
     clip_norms = 0.7 * np.minimum(0.01 * 2.0 ** np.arange(12), 9.0)
-    bits = noisy_gd.secure_scale_bits(1.5)
+    bits = secure_noise.secure_scale_bits(1.5)
     clipping._blas_rows_stable()   # the once-per-process check, on ordinary data
     levels = quietly(clipping.exact_clipped_gradient_sums, theta, q, shift, norms, y, LINEAR,
                      clip_norms, bits)
@@ -373,7 +373,7 @@ def test_ambssgd_each_row_adds_at_most_the_sensitivity_at_every_level():
     m, d = 60, 4
     x = np.vstack([mixed_rows(rng, m, d), rng.normal(size=(m, d))])
     y = 5.0 * rng.standard_normal(2 * m)
-    bits = noisy_gd.secure_scale_bits(1.0)
+    bits = secure_noise.secure_scale_bits(1.0)
     bound = 2 ** (2 * (Q - 1 + bits))
     clipping._blas_rows_stable()
     clip_norms = 2.0 * np.minimum(0.001 * 2.0 ** np.arange(10), 0.3)
@@ -598,7 +598,7 @@ def test_secure_clipped_mean_is_exact_bounded_and_noised_on_its_grid():
     assert limit == pytest.approx(radius / grid, rel=1e-9)
     noises = []
     for seed in range(300):
-        noisy = stats._secure_noisy_sum(dataclass_replace(stage, seed=seed), whole, radius, d)
+        noisy = stats.stages._secure_noisy_sum(dataclass_replace(stage, seed=seed), whole, radius, d)
         units = noisy / grid
         assert np.array_equal(units, np.trunc(units))
         noises.append(units - whole.to_float())
@@ -671,5 +671,5 @@ def test_beam_dp_stats_secure_gives_the_same_report_on_local_and_beam(tmp_path, 
     assert privacy["epsilon"] <= 4.0
     names = {m["name"] for m in privacy["mechanisms"]}
     assert "discrete_laplace_count" in names
-    assert noisy_gd.secure_release_note() in privacy["accounting_notes"]
+    assert secure_noise.secure_release_note() in privacy["accounting_notes"]
     assert abs(local["columns"]["f1"]["mean"] - float(x[:, 1].mean())) < 10

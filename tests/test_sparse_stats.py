@@ -16,6 +16,7 @@ import scipy.sparse as sp
 from dp_accounting.pld import privacy_loss_distribution as pld
 
 from beam_dp import categorical, cli, data, geometry, stats
+from beam_dp.block import Block
 from beam_dp.local import LocalAggregator
 
 COLUMNS = ("color", "city")
@@ -207,7 +208,7 @@ def test_the_laplace_variant_clips_rows_to_l1_inside_the_mechanism():
     enforced in the stage, not assumed; the Gaussian variant's clip is l2 <= L."""
     s, d = 2, 50
     rows = sp.csr_matrix(np.vstack([np.full((1, d), 0.8), np.eye(1, d)]))
-    block = data.Block(features=rows, labels=np.zeros(2))
+    block = Block(features=rows, labels=np.zeros(2))
     stage = stats.SparseMeanStage("f", 0, d, "laplace", math.sqrt(s), s, 1.0, 0)
     total = stage.partial_sum(block, {})
     assert np.abs(total).sum() <= s + 1.0 + 1e-9          # the big row clipped to l1 = s, plus 1

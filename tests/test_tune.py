@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import beam_dp
-from beam_dp import accounting, losses, synthetic, tuning
+from beam_dp import accounting, losses, synthetic, tuning, tuning_plan
 from beam_dp.api import ModelQualityError, QualityWarning
 from beam_dp.cli import main
 
@@ -35,7 +35,7 @@ def _event_classes(value) -> set:
 @pytest.mark.parametrize("mean,shape", [(3.0, 1.0), (5.0, 0.0), (2.0, 0.5)])
 def test_plan_meets_the_target_by_rdp(mean, shape):
     from dp_accounting import dp_event as events
-    plan = tuning.plan(EPSILON, DELTA, mean, shape)
+    plan = tuning_plan.plan(EPSILON, DELTA, mean, shape)
     assert (plan.mean, plan.shape) == (mean, shape)
     # the run's event, spelled out here rather than taken from the plan
     run = events.ComposedDpEvent([
@@ -74,9 +74,9 @@ def test_number_of_candidates_follows_the_accounted_law(mean, shape):
     """K's draws against the truncated negative binomial law dp_accounting accounts: its mean
     within 4 standard errors, and each of P[K = 1..4] within 4 binomial standard errors."""
     generator = np.random.default_rng(7)
-    draws = np.array([tuning.draw_candidates(generator, mean, shape) for _ in range(4000)])
+    draws = np.array([tuning_plan.draw_candidates(generator, mean, shape) for _ in range(4000)])
     assert draws.min() >= 1
-    law = tuning.candidates_law(mean, shape, 2000)
+    law = tuning_plan.candidates_law(mean, shape, 2000)
     assert law.sum() == pytest.approx(1.0, abs=1e-6)
     k = np.arange(1, 2001)
     # dp_accounting's gamma is a conservative inversion of the mean: the law's mean is close
@@ -89,7 +89,7 @@ def test_number_of_candidates_follows_the_accounted_law(mean, shape):
 
 
 def test_mean_one_is_one_candidate():
-    assert tuning.draw_candidates(np.random.default_rng(0), 1.0, 1.0) == 1
+    assert tuning_plan.draw_candidates(np.random.default_rng(0), 1.0, 1.0) == 1
 
 
 def test_selection_picks_the_good_setting(monkeypatch):
@@ -317,20 +317,18 @@ def test_private_scaling_is_released_once_and_recorded_in_the_model():
 
 
 def test_readme_example_runs():
-    """The README's block under "Private hyperparameter selection", with the Python API
-    section's X, y (smaller here)."""
+    """The Python block of the tuning guide (docs/guide/tuning.md), with the Python API
+    page's X, y (smaller here)."""
     import os
     import re
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with open(os.path.join(root, "README.md")) as f:
-        text = f.read()
-    start = text.index("\n## Private hyperparameter selection")
-    section = text[start:text.find("\n## ", start + 1)]
+    with open(os.path.join(root, "docs", "guide", "tuning.md")) as f:
+        section = f.read()
     blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
     assert len(blocks) == 1
     X, y = _data(n=3000)
     namespace = {"beam_dp": beam_dp, "X": X, "y": y}
-    exec(compile(blocks[0], "README: tune", "exec"), namespace)
+    exec(compile(blocks[0], "docs/guide/tuning.md", "exec"), namespace)
     assert namespace["model"].tuning["chosen"]["learning_rate"] in (0.1, 1.0)
 
 
@@ -377,12 +375,12 @@ def test_plan_composes_the_quality_check_outside_the_selection_and_meets_the_tar
     from dp_accounting import dp_event as events
     from beam_dp import quality
     ledger = accounting.Ledger("rdp", accounting.ADD_REMOVE)
-    from beam_dp.algorithms import registry
+    from beam_dp.algorithms import spec
     check = quality.reserve(ledger, losses.make_loss("linear"),
-                            registry.Privacy(epsilon=EPSILON, delta=DELTA, accountant="rdp"),
+                            spec.Privacy(epsilon=EPSILON, delta=DELTA, accountant="rdp"),
                             epsilon=None, label_bound=None, secure=False)
-    with_check = tuning.plan(EPSILON, DELTA, quality_multiplier=check.noise_multiplier)
-    without = tuning.plan(EPSILON, DELTA)
+    with_check = tuning_plan.plan(EPSILON, DELTA, quality_multiplier=check.noise_multiplier)
+    without = tuning_plan.plan(EPSILON, DELTA)
     assert with_check.quality_multiplier == check.noise_multiplier
     run = events.ComposedDpEvent([
         events.LaplaceDpEvent(1.0 / with_check.count_epsilon),

@@ -10,7 +10,7 @@ import pytest
 
 import beam_dp
 from beam_dp import accounting, clipping, data, losses, synthetic, user_level
-from beam_dp.data import Block
+from beam_dp.block import Block
 
 HEAVY = "heavy-user-7"   # the user holding 1,000 rows; must never appear in an output
 

@@ -12,10 +12,10 @@ import pytest
 from dp_accounting import dp_event as events
 
 import beam_dp
-from beam_dp import accounting, data, losses, quality, synthetic, user_level
-from beam_dp.algorithms import noisy_gd
+from beam_dp import accounting, data, losses, mechanisms, quality, synthetic, user_level
+from beam_dp.algorithms import gradient_step
 from beam_dp.algorithms.base import TrainState
-from beam_dp.data import Block
+from beam_dp.block import Block
 from beam_dp.sampling import PoissonSampler
 
 from test_user_level import HEAVY, user_table  # noqa: F401 (the fixture)
@@ -25,8 +25,8 @@ def _keys(values) -> np.ndarray:
     return user_level.user_keys(pa.array([str(v) for v in values]))
 
 
-def _step(rate: float, seed: int = 123, clip: float = 1.0) -> noisy_gd.UserGradientStep:
-    return noisy_gd.UserGradientStep(
+def _step(rate: float, seed: int = 123, clip: float = 1.0) -> gradient_step.UserGradientStep:
+    return gradient_step.UserGradientStep(
         loss=losses.make_loss("logistic", None, 1.0), clip_norm=clip, noise_std=0.0,
         normalizer=1.0, learning_rate=1.0, sampler=PoissonSampler(rate, seed), seed=None,
         shape=(1, 6))
@@ -76,7 +76,7 @@ def test_users_are_sampled_whole_at_rate_q():
     ids = np.repeat(np.arange(users_n), rng.integers(1, 6, users_n))
     keys = _keys(ids)
     shuffled = rng.permutation(len(keys))
-    seed = noisy_gd.sampling_seed(99)
+    seed = mechanisms.sampling_seed(99)
     per_user = []
     for t in range(8):
         mask = user_level.in_step_batch(keys, t, seed, q)
@@ -95,7 +95,7 @@ def test_users_are_sampled_whole_at_rate_q():
     both = (per_user[0] & per_user[1]).sum()
     p = q * q
     assert abs(both - p * users_n) <= 5 * math.sqrt(users_n * p * (1 - p))
-    other = user_level.in_step_batch(keys, 0, noisy_gd.sampling_seed(100), q)
+    other = user_level.in_step_batch(keys, 0, mechanisms.sampling_seed(100), q)
     assert (other != user_level.in_step_batch(keys, 0, seed, q)).any()
     assert user_level.in_step_batch(keys, 0, seed, 1.0).all()
 

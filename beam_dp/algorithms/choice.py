@@ -7,9 +7,9 @@ a warm start, no intercept, secure noise asked for) and, if the user declared on
 rows (``--num-examples``, which is then public for the accounting too, or ``--rows-hint``, which
 is read by this rule only). It never reads the data, and it reads no private release either: a
 rule that waited for the private count would have to run inside the algorithm, after the count
-is in the ledger; with the README's figures it would rarely change the answer (below).
+is in the ledger; with the figures of docs/benchmarks/real-tables.md it would rarely change the answer (below).
 
-What it chooses and why (README "Which algorithm for which data", Table C, the raw tables):
+What it chooses and why (docs/guide/algorithms.md "Which algorithm for which data"; docs/benchmarks/real-tables.md, Table C and the raw tables):
 
 * dpgd: the best or within 0.02 of the best on every real table measured, classification and
   regression, with nothing to tune but the clip norm; it reads all the data at every step (100
@@ -25,25 +25,25 @@ What it chooses and why (README "Which algorithm for which data", Table C, the r
 * Options only one of them takes (dpsgd's ``--batch-size``, dpgd's ``--rank``) choose that one;
   a request neither serves is an error naming why.
 
-So without a declared size, and for every table the README measures, ``auto`` resolves to dpgd
+So without a declared size, and for every table the docs' benchmarks measure, ``auto`` resolves to dpgd
 (the default of ``--algorithm``), and says so in the report (``algorithm_choice``).
 """
 from __future__ import annotations
 
 import dataclasses
 
-from beam_dp.algorithms import registry
+from beam_dp.algorithms import registry, spec
 
 AUTO = "auto"
 # In the order the measurements prefer them (below FULL_PASS_ROWS).
 CANDIDATES = ("dpgd", "dpsgd")
 # Declared rows from which dpgd's full pass per step is "too slow": 100 steps read the data 100
-# times (at n = 10^6 and d = 50 a local step took 46 ms, README "Benchmarks": 10^7 rows is 100
+# times (at n = 10^6 and d = 50 a local step took 46 ms, docs/benchmarks/speed.md: 10^7 rows is 100
 # passes over ~4 GB, where dpsgd's 5 epochs read it about 5 times).
 FULL_PASS_ROWS = 10_000_000
-# dpsgd with its defaults lost on these (README "Which algorithm for which data").
+# dpsgd with its defaults lost on these (docs/guide/algorithms.md).
 REGRESSION_MODELS = ("linear", "huber")
-WHY_DPGD = ("the best or within 0.02 of the best on every real table measured (README 'Which "
+WHY_DPGD = ("the best or within 0.02 of the best on every real table measured (docs: 'Which "
             "algorithm for which data')")
 
 
@@ -66,7 +66,7 @@ def option_names() -> list[str]:
     """The option names ``auto`` accepts: those of any candidate, in order, each once."""
     names: list[str] = []
     for name in CANDIDATES:
-        for f, _ in registry.fields(registry.get(name).options):
+        for f, _ in spec.fields(registry.get(name).options):
             if f.name not in names:
                 names.append(f.name)
     return names
@@ -79,15 +79,15 @@ def relation() -> str:
     return relations.pop()
 
 
-def _refusals(algorithm: registry.Algorithm, model: str, given, *, sparse: bool,
+def _refusals(algorithm: spec.Algorithm, model: str, given, *, sparse: bool,
               user_level: bool, checkpoint: bool, warm_start: bool, fit_intercept: bool,
               noise: str | None) -> list[str]:
     """Why ``algorithm`` cannot serve the request (empty: it can), in words for an error."""
-    own = {f.name for f, _ in registry.fields(algorithm.options)}
+    own = {f.name for f, _ in spec.fields(algorithm.options)}
     why = []
     if model not in algorithm.models:
         why.append(f"it does not fit --model {model}")
-    foreign = [registry.flag(name) for name in given if name not in own]
+    foreign = [spec.flag(name) for name in given if name not in own]
     if foreign:
         why.append(f"it has no {', '.join(foreign)}")
     for asked, able, what in ((sparse, algorithm.sparse_input, "categorical columns"),
@@ -123,7 +123,7 @@ def choose(model: str, given=(), *, num_examples: int | None = None,
     large = rows is not None and rows >= FULL_PASS_ROWS
     if large and user_level:
         # dpsgd's user-level steps cannot read only their batch: each job reads and groups the
-        # whole input by user (noisy_gd.UserGradientStep), and its many more steps mean more
+        # whole input by user (gradient_step.UserGradientStep), and its many more steps mean more
         # jobs, so the reason to leave dpgd at this size does not hold.
         order = CANDIDATES
         why = (f"{WHY_DPGD}; kept at {rows:,} rows ({source}) with --privacy-unit-column: "

@@ -15,7 +15,7 @@ import os
 import numpy as np
 
 from beam_dp import geometry
-from beam_dp.algorithms.registry import option
+from beam_dp.algorithms.spec import option
 
 
 @dataclasses.dataclass

@@ -36,7 +36,7 @@ gradient sum is an exact integer sum on its own grid zeta_i 2^-(19 + U)
 (``clipping.exact_clipped_gradient_sums``: sensitivity 2^(19 + U) in those units, U as DP-GD's
 ``secure_scale_bits``), and the selected level gets discrete Gaussian noise of scale
 sigma_grad 2^(19 + U). The same GaussianDpEvent accounts for it, plus ``sampler_delta_bound``
-(``noisy_gd.secure_release_note``). Why the counts are scaled rather than noised at scale
+(``secure_noise.secure_release_note``). Why the counts are scaled rather than noised at scale
 sigma_stat directly: see that note.
 """
 from __future__ import annotations
@@ -49,14 +49,16 @@ from typing import Callable
 import numpy as np
 from dp_accounting import dp_event as events
 
-from beam_dp import accounting, clipping, features, mechanisms, stats
-from beam_dp.algorithms import noisy_gd, registry
+from beam_dp import (accounting, clipping, column_scaling, features, mechanisms, secure_noise,
+                     stats)
+from beam_dp.algorithms import spec
 from beam_dp.algorithms.base import TrainState, run_chunks
-from beam_dp.algorithms.noisy_gd import (NoisyGDConfig, TrainResult, core_config,
-                                          release_dataset_size, sampling_seed)
-from beam_dp.algorithms.registry import Algorithm, Problem, option
-from beam_dp.data import Block
+from beam_dp.algorithms.noisy_gd import NoisyGDConfig, core_config
+from beam_dp.algorithms.spec import Algorithm, Problem, TrainResult, option
+from beam_dp.block import Block
+from beam_dp.dataset_size import release_dataset_size
 from beam_dp.losses import GlmLoss, SquaredLoss, scores
+from beam_dp.mechanisms import sampling_seed
 
 STAT, GRAD = 0, 1
 # The divergence guard: the run stops once ||theta|| R > DIVERGENCE_FACTOR B, B the residual bound
@@ -97,31 +99,28 @@ class AmbssgdConfig:
                                               "(s / (b + s); the paper's s = b / 10)",
                                   low=0, low_open=True, high=0.5)
     expected_feature_norm: float | None = option(
-        None, "R_x: the clip norm is R_x times the private residual scale; default the private "
-              "root mean square of ||(x, 1)|| from the step size's second-moment release, or "
-              "sqrt(d) (standardized features) with --learning-rate given", low=0, low_open=True)
+        None, "R_x: the clip norm is R_x times the private residual scale; default the "
+              "private root mean square of ||(x, 1)||, or sqrt(d) (standardized "
+              "features) when --learning-rate is given", low=0, low_open=True)
     residual_bound: float = option(1e4, "B: the largest residual scale the clip search considers",
                                    low=0, low_open=True)
     failure_probability: float = option(0.01, "beta of the search's robust stopping rule",
                                         low=0, low_open=True, high=0.5)
     learning_rate: float | None = option(
-        None, "step size; default 1 / (a private upper bound on the largest eigenvalue of "
-              "H = E[(x, 1)(x, 1)^T]), the paper's 1/||H|| (1 for standardized features), from a "
-              "noisy second-moment matrix of the rows clipped to their private 98th-percentile "
-              "norm, --curvature-epsilon of the budget", low=0, low_open=True)
+        None, "step size; default 1 / (a private upper bound on the largest eigenvalue "
+              "of E[(x, 1)(x, 1)^T]), the paper's 1/||H||, spending --curvature-epsilon", low=0, low_open=True)
     standardize: str = option(
-        "private", "with the private step size: 'private' maps each column onto [-1, 1] from "
-                   "its private 2nd-98th percentiles (of the curvature budget; recorded in "
-                   "model.json, applied again by predict; skipped where n is too small for the "
-                   "quantiles), so that one step size suits every direction; 'none': features "
-                   "as given", choices=("private", "none"))
+        "private", "with the private step size: 'private' maps each column onto [-1, 1]"
+                   " from its private 2nd-98th percentiles (applied again by predict), "
+                   "so that one step size suits every direction; 'none': features as "
+                   "given", choices=("private", "none"))
     curvature_epsilon: float | None = option(
-        None, "the budget of the private step size's releases (column or norm quantiles, three "
-              "quarters; a Gaussian second-moment matrix, the rest); default a tenth of epsilon",
+        None, "budget of the private step size's releases (quantiles and a "
+              "second-moment matrix); default a tenth of epsilon",
         low=0, low_open=True)
 
     def validate(self) -> None:
-        registry.validate(self)
+        spec.validate(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -390,10 +389,10 @@ def train(config: NoisyGDConfig, a_config: AmbssgdConfig, loss: GlmLoss, dim: in
     if config.noise != "float":   # None: secure by default, float where it cannot be used
         try:
             secure = _secure_plan(config, sigma, sigma_stat, T, levels, dim, ledger, params)
-        except noisy_gd.SecureNoiseUnavailable as why:   # (before any release)
-            noisy_gd.float_instead(config.noise, why, ledger)
+        except secure_noise.SecureNoiseUnavailable as why:   # (before any release)
+            secure_noise.float_instead(config.noise, why, ledger)
     if not secure:
-        params["noise"] = noisy_gd.noise_description("float", sigma)
+        params["noise"] = secure_noise.noise_description("float", sigma)
     ledger.record("dp_ambssgd_blocks_parallel_composition", events.GaussianDpEvent(sigma), **params)
     # The search compares noisy counts with the nominal s (the realized size of a block's
     # statistics part is private under add/remove). That size is Binomial with std ~ sqrt(s), so
@@ -441,7 +440,8 @@ def secure_moment_fits(config: NoisyGDConfig, dim: int) -> bool:
     variation, stays within 1e-4 delta (the run's secure releases together must stay within
     1e-3 delta); with a noise multiplier (epsilon not yet known) at epsilon 10. Public."""
     epsilon = config.epsilon if config.epsilon is not None else 10.0
-    return noisy_gd.secure_delta_bound(stats.secure_moment_variation(dim), epsilon) <= 1e-4 * config.delta
+    variation = stats.secure_moment_variation(dim)
+    return secure_noise.secure_delta_bound(variation, epsilon) <= 1e-4 * config.delta
 
 
 def private_curvature(config: NoisyGDConfig, a_config: AmbssgdConfig, dim: int, aggregator,
@@ -476,17 +476,20 @@ def private_curvature(config: NoisyGDConfig, a_config: AmbssgdConfig, dim: int, 
     noise = "float" if config.noise == "float" else "secure"   # None: secure by default
     transform, details = None, {}
     if a_config.standardize == "private":
-        per_release = QUANTILE_SHARE * share / (dim * len(noisy_gd.SCALE_QUANTILES))
-        size = noisy_gd.SCALE_GRID_SIZE
-        grid = np.repeat(stats.symmetric_log_grid(noisy_gd.SCALE_GRID_BOUND, size, 1e12), dim, axis=0)
+        per_release = QUANTILE_SHARE * share / (dim * len(column_scaling.SCALE_QUANTILES))
+        size = column_scaling.SCALE_GRID_SIZE
+        grid = np.repeat(stats.symmetric_log_grid(column_scaling.SCALE_GRID_BOUND, size, 1e12), dim,
+                         axis=0)
         stage = stats.QuantileStage(
             "column_bounds", stats.Columns(), stats.FixedGrid(grid), dim, size,
-            noisy_gd.SCALE_QUANTILES, per_release, stats.stages_seed(seed), (_CURVATURE_STREAM, 0),
-            # dpgd's margin (noisy_gd.SCALE_MARGIN_FAILURE: a range on the empty grid far past
+            column_scaling.SCALE_QUANTILES, per_release, stats.stages_seed(seed),
+            (_CURVATURE_STREAM, 0),
+            # dpgd's margin (column_scaling.SCALE_MARGIN_FAILURE: a range on the empty grid far past
             # the data maps its column to ~0), and its rule for when n is too small for it
-            margin=stats.quantile_rank_error_bound(size, per_release, noisy_gd.SCALE_MARGIN_FAILURE),
+            margin=stats.quantile_rank_error_bound(size, per_release,
+                                                   column_scaling.SCALE_MARGIN_FAILURE),
             noise=noise)
-        if stage.margin <= noisy_gd.AUTO_SCALE_RANK_ERROR * n:
+        if stage.margin <= column_scaling.AUTO_SCALE_RANK_ERROR * n:
             stats.record_releases([stage], ledger)
             bounds = aggregator.run_stages([stage], {"n": n})["column_bounds"]
             low, high = np.minimum(bounds[:, 0], bounds[:, 1]), np.maximum(bounds[:, 0], bounds[:, 1])
@@ -496,7 +499,7 @@ def private_curvature(config: NoisyGDConfig, a_config: AmbssgdConfig, dim: int, 
                                       "2nd-98th percentiles"}
         else:   # decided from the released count and public constants: nothing spent
             details = {"standardize": "skipped: the quantiles' rank error bound (probability "
-                                      f"{1 - noisy_gd.SCALE_MARGIN_FAILURE:g}) is above a "
+                                      f"{1 - column_scaling.SCALE_MARGIN_FAILURE:g}) is above a "
                                       "quarter of n; features used as given"}
     if transform is None:
         grid_size = NORM_GRID[2]
@@ -522,7 +525,8 @@ def private_curvature(config: NoisyGDConfig, a_config: AmbssgdConfig, dim: int, 
                 raise ValueError("the second-moment matrix's samplers would take more than 1e-4 "
                                  "of delta")
         except ValueError as why:   # float where secure noise was only the default
-            noisy_gd.float_instead(config.noise, noisy_gd.SecureNoiseUnavailable(str(why)), ledger)
+            secure_noise.float_instead(config.noise, secure_noise.SecureNoiseUnavailable(str(why)),
+                                       ledger)
             moment = dataclasses.replace(moment, noise="float")
     stats.record_releases([moment], ledger)
     h = aggregator.run_stages([moment], {"n": n})["second_moment"]
@@ -541,27 +545,28 @@ def _secure_plan(config, sigma, sigma_stat, T, levels, dim, ledger, params) -> d
     written into ``params``; SecureNoiseUnavailable where they cannot hold the noise or the
     slack passes 1e-3 delta."""
     secure = dict(noise="secure", count_bits=count_bits(sigma_stat),
-                  scale_bits=noisy_gd.secure_scale_bits(sigma))
+                  scale_bits=secure_noise.secure_scale_bits(sigma))
     # Every block draws at most L + 1 counts' noise and one gradient sum's (the scales of
     # AmbssgdStep.count_scale and .gradient_scale).
     count_scale = math.ldexp(sigma_stat, secure["count_bits"])
     gradient_scale = sigma * 2.0 ** (clipping.GRID_FEATURE_BITS - 1 + secure["scale_bits"])
     # (plus the secure releases before the pass: the private step size's second-moment matrix)
-    variation = noisy_gd.draws_total_variation(
+    variation = secure_noise.draws_total_variation(
         [(T * (levels + 1), count_scale), (T * (dim + 1), gradient_scale)]) \
-        + noisy_gd.prior_total_variation(ledger)
+        + secure_noise.prior_total_variation(ledger)
     event = events.GaussianDpEvent(sigma)
     epsilon = config.epsilon if config.epsilon is not None else accounting.epsilon_of(
         ledger.event_after("dp_ambssgd_blocks_parallel_composition", event, 1, **params),
         config.delta, config.accountant)
-    sampler_delta = noisy_gd.secure_delta_bound(variation, epsilon)
+    sampler_delta = secure_noise.secure_delta_bound(variation, epsilon)
     if sampler_delta > 1e-3 * config.delta:
-        raise noisy_gd.SecureNoiseUnavailable(f"secure noise's samplers could add "
-                                              f"{sampler_delta:.2g} to delta at epsilon {epsilon:.3g}")
+        raise secure_noise.SecureNoiseUnavailable(
+            f"secure noise's samplers could add {sampler_delta:.2g} to delta at epsilon "
+            f"{epsilon:.3g}")
     params.update(noise=secure_description(secure["count_bits"], secure["scale_bits"]),
                   sampler_total_variation=variation, sampler_delta_bound=sampler_delta)
-    if noisy_gd.secure_release_note() not in ledger.notes:
-        ledger.notes.append(noisy_gd.secure_release_note())
+    if secure_noise.secure_release_note() not in ledger.notes:
+        ledger.notes.append(secure_noise.secure_release_note())
     return secure
 
 
@@ -572,8 +577,8 @@ def count_bits(sigma_stat: float) -> int:
     while math.ldexp(sigma_stat, bits) < 2.0 ** 32:
         bits += 1
     if math.ldexp(sigma_stat, bits) > 2.0 ** 48:
-        raise noisy_gd.SecureNoiseUnavailable(f"noise multiplier {sigma_stat:.3g} per count is "
-                                              "outside what the secure noise handles")
+        raise secure_noise.SecureNoiseUnavailable(f"noise multiplier {sigma_stat:.3g} per count is "
+                                                  "outside what the secure noise handles")
     return bits
 
 

@@ -47,9 +47,9 @@ import math
 
 import numpy as np
 
-from beam_dp import accounting, features, stats
-from beam_dp.algorithms import noisy_gd, registry
-from beam_dp.algorithms.registry import Algorithm, Problem, option
+from beam_dp import accounting, features, secure_noise, stats
+from beam_dp.algorithms import noisy_gd, spec
+from beam_dp.algorithms.spec import Algorithm, Problem, option
 from beam_dp.losses import MODEL_NAMES, GlmLoss
 
 VARIANTS = ("practical", "theory")
@@ -65,13 +65,12 @@ class DpsgdFConfig:
                                        "theory: Algorithm 2 (adaptive mean, private radius)",
                           choices=VARIANTS)
     preprocess_epsilon: float | None = option(
-        None, "budget of the private preprocessing; default 5%% of epsilon (practical) or 2/3 "
-              "(theory)", low=0, low_open=True)
+        None, "budget of the private preprocessing; default a twentieth of epsilon "
+              "(practical) or two thirds (theory)", low=0, low_open=True)
     feature_norm: float | None = option(
-        None, "practical: every feature vector is normalized to this norm C_F (default 1); "
-              "theory: the public bound R that feature vectors are clipped to (default: derived "
-              "privately, a private quantile of the row norms with a quarter of the "
-              "preprocessing budget; the report's feature_clip says which)", low=0, low_open=True)
+        None, "practical: feature vectors are normalized to this norm C_F (default 1); "
+              "theory: the public bound R they are clipped to (default: a private "
+              "quantile of the row norms; the report's feature_clip says which)", low=0, low_open=True)
     grid_size: int = option(1024, "candidate points of each private quantile", low=3)
 
     def epsilon_for(self, total_epsilon: float | None) -> float:
@@ -82,13 +81,13 @@ class DpsgdFConfig:
         return total_epsilon * (0.05 if self.variant == "practical" else 2.0 / 3.0)
 
     def validate(self) -> None:
-        registry.validate(self)
+        spec.validate(self)
 
 
 def train(config: noisy_gd.NoisyGDConfig, f_config: DpsgdFConfig, loss: GlmLoss, dim: int,
           aggregator, seed: int, ledger: accounting.Ledger, on_progress=lambda *a: None,
           checkpoint_dir: str | None = None,
-          checkpoint_key: dict | None = None) -> noisy_gd.TrainResult:
+          checkpoint_key: dict | None = None) -> spec.TrainResult:
     f_config.validate()
     eps_f = f_config.epsilon_for(config.epsilon)
     if config.epsilon is not None and eps_f >= config.epsilon:
@@ -224,8 +223,8 @@ def train(config: noisy_gd.NoisyGDConfig, f_config: DpsgdFConfig, loss: GlmLoss,
 def _release(aggregator, stages, state, ledger):
     stats.record_releases(stages, ledger)
     if any(getattr(s, "noise", "float") == "secure" for s in stages) and \
-            noisy_gd.secure_release_note() not in ledger.notes:
-        ledger.notes.append(noisy_gd.secure_release_note())
+            secure_noise.secure_release_note() not in ledger.notes:
+        ledger.notes.append(secure_noise.secure_release_note())
     return aggregator.run_stages(stages, state)
 
 

@@ -69,15 +69,15 @@ import numpy as np
 from dp_accounting import dp_event as events
 
 from beam_dp import accounting, geometry, mechanisms
-from beam_dp.algorithms import registry
+from beam_dp.algorithms import spec
 from beam_dp.algorithms.base import TrainState, run_chunks
 # n under replace-one (the count rounded, never written exactly) and Def. 3's kappa for (q, r):
 # the sibling l_p algorithm's, so that the two compute them alike.
 from beam_dp.algorithms.mirror_descent import kappa_of, public_dataset_size
-from beam_dp.algorithms.noisy_gd import TrainResult, sampling_seed
-from beam_dp.algorithms.registry import Algorithm, Problem, option
-from beam_dp.data import Block
+from beam_dp.algorithms.spec import Algorithm, Problem, TrainResult, option
+from beam_dp.block import Block
 from beam_dp.losses import scores
+from beam_dp.mechanisms import sampling_seed
 
 RELEASE = "heavy_tailed_md_batches_parallel_composition"
 # The only set whose Bregman projection (for Phi_p) is implemented: exact and radial.
@@ -91,28 +91,27 @@ TRUNCATION_MARGIN = 1.0 - 2.0 ** -40
 
 @dataclasses.dataclass
 class HeavyTailedMdOptions:
-    p: float = option(1.5, "the geometry: the model lies in an l_p ball, 1 < p < 2 (gradients "
-                           "are measured and truncated in the dual norm l_q, q = p / (p - 1)); "
-                           "p near 1 suits many features and few large coefficients",
+    p: float = option(1.5, "the geometry: the model lies in an l_p ball, 1 < p < 2 "
+                           "(gradients are truncated in the dual norm l_q); p near 1 "
+                           "suits many features and few large coefficients",
                       low=1, low_open=True, high=2)
-    constraint: str = option("lp-ball", "the set the coefficients and intercept lie in: lp-ball "
-                                        "(the l_p ball of --radius, p = --p) is the only one "
-                                        "(its Bregman projection is exact); the others are "
-                                        "refused, with the reason",
+    constraint: str = option("lp-ball", "the set the coefficients and intercept lie in:"
+                                        " only lp-ball (radius --radius, p = --p) is "
+                                        "supported, the others are refused with the "
+                                        "reason",
                              choices=CONSTRAINTS)
     radius: float = option(1.0, "R: the l_p ball's radius (its diameter M = 2R sets the "
                                 "truncation threshold beta M + lambda)", low=0, low_open=True)
     smoothness: float = option(
-        1.0, "beta: declared smoothness of the population loss w.r.t. ||.||_p, ||E[x x^T]||_{p->q} "
-             "with x = (features, 1): 1 for standardized uncorrelated features; at most F^2 if "
-             "every row has ||x||_q <= F. Sets the threshold beta M + lambda (and the step's "
-             "floor); the privacy guarantee does not depend on it", low=0, low_open=True)
+        1.0, "beta: declared smoothness of the population loss w.r.t. ||.||_p (1 for "
+             "standardized uncorrelated features); it sets the truncation threshold "
+             "beta M + lambda, not the privacy guarantee", low=0, low_open=True)
     truncation_slack: float | None = option(
         None, "lambda: gradients whose dual norm exceeds beta M + lambda are truncated to zero; "
               "default Thm 16's (sqrt(n eps) M / (kappa (D ln(1/delta))^(1/4)))^(2/3)", low=0)
-    batches: int | None = option(None, "T: disjoint batches, one mirror step each (one pass); "
-                                       "default 0.12 n eps / (M lambda sqrt(D ln(1/delta))) "
-                                       "(Thm 16's, with a measured constant), at least 1",
+    batches: int | None = option(None, "T: disjoint batches, one mirror step each (one "
+                                       "pass); default 0.12 n eps / (M lambda sqrt(D "
+                                       "ln(1/delta))) (Thm 16), at least 1",
                                  low=1)
     learning_rate: float | None = option(
         None, "1 / gamma, the mirror step's size; default from the variance bound of the noisy "
@@ -209,7 +208,7 @@ def truncated_gradient_sum(theta: np.ndarray, features: np.ndarray, labels: np.n
 class BatchAssignment:
     """The batch of every example, uniform over T, from the seed and the example's position only
     (DP-AMBSSGD's ``Assignment`` without roles): the batch plan (``beam_dp.batches``); step t reads
-    the rows tagged t. ``seed`` is a key derived from the root seed (``noisy_gd.sampling_seed``):
+    the rows tagged t. ``seed`` is a key derived from the root seed (``mechanisms.sampling_seed``):
     the batch job's graph holds this plan, and nothing from which the noise could be derived."""
 
     seed: int
@@ -409,13 +408,13 @@ def step_size(options: HeavyTailedMdOptions, public: dict, sigma: float) -> floa
 
 # ------------------------------------------------------------------------------ privacy
 
-def check_privacy(privacy: registry.Privacy) -> None:
+def check_privacy(privacy: spec.Privacy) -> None:
     """Refuses what the mechanism cannot serve, known before any data is read: secure noise (the
     GG draws are float), a count budget (n is public under replace-one), the RDP accountant (an
     (epsilon, delta) release bounds no Renyi divergence) and a target epsilon above 1 (Lemma 3's
     range)."""
-    registry.check_replace_one_float_request("heavy-tailed-md", privacy, "generalized Gaussian",
-                                             "the generalized Gaussian lemma")
+    spec.check_replace_one_float_request("heavy-tailed-md", privacy, "generalized Gaussian",
+                                         "the generalized Gaussian lemma")
     if privacy.epsilon is not None and privacy.epsilon > 1.0:
         raise ValueError(f"heavy-tailed-md needs --epsilon at most 1 (got {privacy.epsilon:g}): "
                          "its generalized Gaussian mechanism (paper 004, Lemma 3) is proven only "
@@ -423,7 +422,7 @@ def check_privacy(privacy: registry.Privacy) -> None:
                          "(parallel composition)")
 
 
-def check_budget(privacy: registry.Privacy, p: float, dim: int, fit_intercept: bool) -> None:
+def check_budget(privacy: spec.Privacy, p: float, dim: int, fit_intercept: bool) -> None:
     """``check_privacy``, and the epsilon a noise multiplier buys (it needs D): at most 1."""
     check_privacy(privacy)
     if privacy.epsilon is not None:
@@ -478,7 +477,7 @@ def train(options: HeavyTailedMdOptions, problem: Problem, aggregator, seed: int
     docstring. Everything is checked before the aggregator is first used."""
     if problem.loss.name != "linear":
         raise ValueError("heavy-tailed-md fits linear regression: use --model linear")
-    registry.validate(options)
+    spec.validate(options)
     privacy = problem.privacy
     privacy.validate()
     check_budget(privacy, options.p, problem.dim, problem.fit_intercept)
@@ -546,7 +545,7 @@ class _HeavyTailedAlgorithm(Algorithm):
     accountant, secure noise, a count budget; ``train`` checks a noise multiplier's epsilon (it
     needs D)."""
 
-    def check_request(self, loss, privacy: registry.Privacy, options) -> None:
+    def check_request(self, loss, privacy: spec.Privacy, options) -> None:
         if loss.name not in self.models:
             raise ValueError(f"{self.name} does not fit --model {loss.name}; it supports: "
                              f"{', '.join(self.models)}")

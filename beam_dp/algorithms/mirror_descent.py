@@ -72,9 +72,8 @@ from dp_accounting import dp_event as events
 from beam_dp import accounting, clipping, features, geometry, mechanisms
 from beam_dp import losses as losses_mod
 from beam_dp.algorithms.base import TrainState, load_checkpoint, run_chunks, save_checkpoint
-from beam_dp.algorithms.noisy_gd import TrainResult
-from beam_dp.algorithms.registry import Algorithm, Problem, option
-from beam_dp.data import Block
+from beam_dp.algorithms.spec import Algorithm, Problem, TrainResult, option
+from beam_dp.block import Block
 
 GG_RELEASE = "generalized_gaussian_mirror_descent_step"
 GAUSSIAN_RELEASE = "gaussian_mirror_descent_step"
@@ -104,9 +103,9 @@ DEFAULT_MAX_STEPS = 200
 
 @dataclasses.dataclass
 class MirrorDescentOptions:
-    p: float = option(1.5, "the geometry l_p, 1 < p <= 2 (gradients are measured and clipped in "
-                           "the dual norm l_q, q = p / (p - 1)); p near 1 suits many features "
-                           "and few large coefficients, p = 2 is Euclidean (Gaussian noise)",
+    p: float = option(1.5, "the geometry l_p, 1 < p <= 2 (gradients are clipped in the "
+                           "dual norm l_q); p near 1 suits many features and few large "
+                           "coefficients, p = 2 is Euclidean",
                       low=1, low_open=True, high=2)
     steps: int | None = option(None, "T: full-batch steps (each reads all the data); default "
                                      "ceil(0.3 n eps / sqrt(D kappa ln(1/delta))) within [10, "
@@ -118,14 +117,13 @@ class MirrorDescentOptions:
                                        "and slower); default beta / (2 T)", low=0,
                                  low_open=True)
     feature_bound: float | None = option(
-        None, "F: public bound on ||z||_q of a row's features (the intercept's 1 excluded), which "
-              "sets L and beta; rows beyond it are used as given (their gradients are clipped); "
-              "default --feature-norm if given, else (d E|g|^q)^(1/q), the typical norm of d "
-              "standardized features", low=0, low_open=True)
+        None, "F: public bound on ||z||_q of a row's features, which sets L and beta; "
+              "default --feature-norm if given, else the typical norm of d standardized"
+              " features", low=0, low_open=True)
     clip_norm: float | None = option(
-        None, "L: every per-example gradient is clipped to dual norm ||.||_q <= L (the "
-              "sensitivity of a step's sum is 2L); default the loss's Lipschitz constant in the "
-              "score times the bound on ||(z, 1)||_q", low=0, low_open=True)
+        None, "L: every per-example gradient is clipped to dual norm L (a step's "
+              "sensitivity is 2L); default the loss's Lipschitz constant times the "
+              "bound on ||(z, 1)||_q", low=0, low_open=True)
     smoothness: float | None = option(
         None, "beta: the loss's smoothness w.r.t. ||.||_p (the mirror step's curvature); default "
               "the loss's curvature bound times the squared bound on ||(z, 1)||_q", low=0,

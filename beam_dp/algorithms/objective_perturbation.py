@@ -75,10 +75,9 @@ from beam_dp import losses as losses_mod
 from beam_dp.algorithms.base import run_chunks
 from beam_dp.algorithms.constrained import ConstraintOptions
 from beam_dp.algorithms.mirror_descent import CURVATURE, public_dataset_size
-from beam_dp.algorithms.noisy_gd import TrainResult
-from beam_dp.algorithms import registry
-from beam_dp.algorithms.registry import Algorithm, Privacy, Problem, option
-from beam_dp.data import Block
+from beam_dp.algorithms import spec
+from beam_dp.algorithms.spec import Algorithm, Privacy, Problem, TrainResult, option
+from beam_dp.block import Block
 
 OBJECTIVE_RELEASE = "objective_perturbation"
 OUTPUT_RELEASE = "objective_perturbation_output_noise"
@@ -109,17 +108,15 @@ ROUNDED_COUNT_RATIO = 1.05
 @dataclasses.dataclass
 class ObjectivePerturbationOptions(ConstraintOptions):
     regularization: float | None = option(
-        None, "lambda of lambda ||theta||_2^2 (intercept included); default the larger of "
-              "L / (sqrt(n) ||C||_2) (Thm 2; ||C||_2 = 2 without a constraint) and the least "
-              "the objective perturbation's guarantee allows, r beta / (eps1 n)", low=0)
+        None, "lambda of lambda ||theta||_2^2 (intercept included); default the larger "
+              "of Thm 2's L / (sqrt(n) ||C||_2) and the least the guarantee allows", low=0)
     accuracy: float | None = option(
-        None, "alpha: the solver's certified accuracy J(theta2) - min J <= alpha (the output "
-              "noise grows as sqrt(alpha)); default the smaller of Thm 2's and the alpha whose "
-              "output noise is one hundredth of the objective noise's effect", low=0, low_open=True)
+        None, "alpha: the solver's certified accuracy (the output noise grows as "
+              "sqrt(alpha)); default the smaller of Thm 2's and one whose output noise "
+              "is a hundredth of the objective noise's effect", low=0, low_open=True)
     feature_bound: float | None = option(
-        None, "F: every row's features are clipped to l2 norm F (recorded in model.json, applied "
-              "by predict), which bounds the loss's Lipschitz constant and smoothness; default "
-              "--feature-norm if given, else sqrt(d), the typical norm of d standardized features",
+        None, "F: every row's features are clipped to l2 norm F (applied again by "
+              "predict); default --feature-norm if given, else sqrt(d)",
         low=0, low_open=True)
     feature_norm: float | None = option(
         None, "normalize every feature vector to this l2 norm instead of clipping (recorded in "
@@ -490,7 +487,7 @@ def check_privacy(privacy: Privacy) -> None:
     if privacy.epsilon is None:
         raise ValueError("objective-perturbation calibrates two mechanisms to a target: give "
                          "--epsilon (not --noise-multiplier)")
-    registry.check_replace_one_float_request(
+    spec.check_replace_one_float_request(
         "objective-perturbation", privacy, "Gaussian",
         "objective perturbation (Lemma 5)")
 

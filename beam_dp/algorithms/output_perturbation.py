@@ -68,10 +68,9 @@ from dp_accounting import dp_event as events
 
 from beam_dp import accounting, features, geometry, mechanisms
 from beam_dp.algorithms import objective_perturbation as objective
-from beam_dp.algorithms import registry
-from beam_dp.algorithms.noisy_gd import TrainResult
-from beam_dp.algorithms.registry import Algorithm, Privacy, Problem, option
-from beam_dp.data import Block
+from beam_dp.algorithms import spec
+from beam_dp.algorithms.spec import Algorithm, Privacy, Problem, TrainResult, option
+from beam_dp.block import Block
 
 # tau (the certified solution's distance to the exact one) as a fraction of L / (lambda n).
 SOLVER_FRACTION = 0.01
@@ -377,27 +376,24 @@ class InterceptAsCoordinate:
 
 @dataclasses.dataclass
 class OutputPerturbationOptions:
-    constraint: str = option("none", "the set X the coefficients must lie in, onto which the noisy "
-                                     "solution is projected in l_inf: none, l2-ball, l1-ball or "
-                                     "box ([-radius, radius] per coefficient); a constraint "
-                                     "needs --no-intercept", choices=LINF_KINDS)
+    constraint: str = option("none", "the set the noisy solution is projected onto (in "
+                                     "l_inf): none, l2-ball, l1-ball or box ([-radius, "
+                                     "radius] per coefficient); a constraint needs "
+                                     "--no-intercept", choices=LINF_KINDS)
     radius: float = option(1.0, "the size of the set: the ball's radius, the box's half width",
                            low=0, low_open=True)
     regularization: float | None = option(
-        None, "lambda of (lambda / 2) ||x||_2^2; default Thm 7.1's lambda* = sqrt(2K) / D, K = 8 "
-              "L^2 sqrt(s ln(1.25/delta) ln(2d/0.05)) / (n eps), D --model-norm",
+        None, "lambda of (lambda / 2) ||x||_2^2; default Thm 7.1's lambda* = sqrt(2K) /"
+              " D, D the --model-norm",
         low=0, low_open=True)
     model_norm: float | None = option(
-        None, "D: a public bound on the l2 norm of the models to compete with (coefficients and "
-              "intercept), from which the default lambda is derived (smaller D: more "
-              "regularization, less noise); default the l2 diameter of the --constraint set, or "
-              "without one sqrt(d + 1), the radius of the box where every coefficient is at most "
-              "1 (a score change of 1 per standard deviation or category)", low=0, low_open=True)
+        None, "D: public bound on the l2 norm of the models to compete with, which sets"
+              " the default --regularization (smaller: more regularization, less "
+              "noise); default the --constraint set's l2 diameter, else sqrt(d + 1)", low=0, low_open=True)
     feature_bound: float | None = option(
-        None, "F: every row's features are clipped to l2 norm F (dense rows: recorded in "
-              "model.json, applied by predict; categorical rows: not recorded, a no-op on one-hot "
-              "rows within F); default sqrt(s) for categorical columns (s = nonzeros per row), "
-              "sqrt(d) for dense features", low=0, low_open=True)
+        None, "F: every row's features are clipped to l2 norm F (dense rows: applied "
+              "again by predict); default sqrt(s) for categorical columns (s nonzeros "
+              "per row), else sqrt(d)", low=0, low_open=True)
     max_passes: int = option(objective.DEFAULT_MAX_PASSES,
                              "refuse a run whose certified solve needs more full passes than "
                              "this (a larger --regularization needs fewer)", low=1)
@@ -413,7 +409,7 @@ def check_privacy(privacy: Privacy) -> None:
     if privacy.epsilon is None:
         raise ValueError("output-perturbation calibrates its Gaussian to a target: give --epsilon "
                          "(not --noise-multiplier)")
-    registry.check_replace_one_float_request(
+    spec.check_replace_one_float_request(
         "output-perturbation", privacy, "Gaussian",
         "the Gaussian mechanism on a certified solution, calibrated by PLD")
 

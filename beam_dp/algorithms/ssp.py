@@ -40,11 +40,12 @@ import numpy as np
 import scipy.linalg
 from dp_accounting import dp_event as events
 
-from beam_dp import accounting, clipping, features, mechanisms
-from beam_dp.algorithms import noisy_gd, registry
-from beam_dp.algorithms.noisy_gd import NoisyGDConfig, TrainResult, core_config, release_dataset_size
-from beam_dp.algorithms.registry import Algorithm, Problem, option
-from beam_dp.data import Block
+from beam_dp import accounting, clipping, features, mechanisms, secure_noise
+from beam_dp.algorithms import spec
+from beam_dp.algorithms.noisy_gd import NoisyGDConfig, core_config
+from beam_dp.algorithms.spec import Algorithm, Problem, TrainResult, option
+from beam_dp.block import Block
+from beam_dp.dataset_size import release_dataset_size
 from beam_dp.losses import GlmLoss
 
 RHO = 0.05
@@ -59,10 +60,11 @@ class SspConfig:
     ridge: float | None = option(None, "ridge penalty; default chosen privately (AdaSSP)", low=0)
 
     def validate(self) -> None:
-        registry.validate(self)
+        spec.validate(self)
 
 
-_SECURE_SCALES = (2.0 ** 32, 2.0 ** 48)   # the noise in grid units (noisy_gd._SECURE_NOISE_BITS)
+# the noise in grid units (secure_noise._SECURE_NOISE_BITS)
+_SECURE_SCALES = (2.0 ** 32, 2.0 ** 48)
 # Sensitivities are computed in float: 2^-50 above them covers the few roundings involved.
 _UPWARD = 1.0 + 2.0 ** -50
 
@@ -158,7 +160,7 @@ def secure_grid(noise_multiplier: float, feature_norm: float, label_bound: float
             if min(scales) >= low:
                 return grid
             break
-    raise noisy_gd.SecureNoiseUnavailable(
+    raise secure_noise.SecureNoiseUnavailable(
         f"noise multiplier {noise_multiplier:.3g} with --feature-norm {feature_norm:.3g} is outside "
         "what ssp's secure noise handles")
 
@@ -318,12 +320,12 @@ def train(config: NoisyGDConfig, s_config: SspConfig, loss: GlmLoss, dim: int, a
         try:
             return _train_secure(config, s_config, dim, aggregator, seed, ledger, dataset_size,
                                  sigma, releases, c_x, c_y)
-        except noisy_gd.SecureNoiseUnavailable as why:   # (raised before any release)
-            noisy_gd.float_instead(config.noise, why, ledger)
+        except secure_noise.SecureNoiseUnavailable as why:   # (raised before any release)
+            secure_noise.float_instead(config.noise, why, ledger)
     ledger.record("gaussian_sufficient_statistics", events.GaussianDpEvent(sigma), releases,
                   noise_multiplier=sigma, feature_norm=c_x, label_bound=c_y,
                   sensitivities={"lambda_min": k, "xtx": k, "xty": math.sqrt(k) * c_y},
-                  noise=noisy_gd.noise_description("float", sigma))
+                  noise=secure_noise.noise_description("float", sigma))
 
     gram = aggregator.run_stages([GramStage(dim, c_x, c_y)], {})["gram"]
     g = mechanisms.rng(seed, mechanisms.STREAM_NOISE, 0)
@@ -372,22 +374,24 @@ def _train_secure(config, s_config, dim, aggregator, seed, ledger, dataset_size,
     if s_config.ridge is None:
         draws.append((1, scales["lambda_min"]))
     # (With the secure releases already in the ledger, e.g. the quality check's reserved sums.)
-    variation = noisy_gd.draws_total_variation(draws) + noisy_gd.prior_total_variation(ledger)
+    variation = (secure_noise.draws_total_variation(draws)
+                 + secure_noise.prior_total_variation(ledger))
     event = events.GaussianDpEvent(sigma)
     epsilon = config.epsilon if config.epsilon is not None else accounting.epsilon_of(
         ledger.event_after("gaussian_sufficient_statistics", event, releases), config.delta,
         config.accountant)
-    sampler_delta = noisy_gd.secure_delta_bound(variation, epsilon)
+    sampler_delta = secure_noise.secure_delta_bound(variation, epsilon)
     if sampler_delta > 1e-3 * config.delta:
-        raise noisy_gd.SecureNoiseUnavailable(f"secure noise's samplers could add "
-                                              f"{sampler_delta:.2g} to delta at epsilon {epsilon:.3g}")
+        raise secure_noise.SecureNoiseUnavailable(
+            f"secure noise's samplers could add {sampler_delta:.2g} to delta at epsilon "
+            f"{epsilon:.3g}")
     sensitivities = grid.sensitivities()
     ledger.record("gaussian_sufficient_statistics", event, releases,
                   noise_multiplier=sigma, feature_norm=c_x, label_bound=c_y,
                   sensitivities=sensitivities, noise=secure_description(grid),
                   sampler_total_variation=variation, sampler_delta_bound=sampler_delta)
-    if noisy_gd.secure_release_note() not in ledger.notes:
-        ledger.notes.append(noisy_gd.secure_release_note())
+    if secure_noise.secure_release_note() not in ledger.notes:
+        ledger.notes.append(secure_noise.secure_release_note())
 
     gram = aggregator.run_stages([GramStage(dim, c_x, c_y, grid)], {})["gram"]
     g = mechanisms.secure_generator(seed, mechanisms.STREAM_NOISE, 0)

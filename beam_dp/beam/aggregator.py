@@ -51,7 +51,7 @@ from beam_dp.data import DataError
 JOB_GRAPH_LIMIT = 10 << 20
 JOB_GRAPH_BUDGET = JOB_GRAPH_LIMIT // 2
 # ... and at most this many steps per job: long unrolled graphs cost the runner time to plan
-# (measured with pipelines/benchmark.py; see MAX_STEPS_PER_JOB in the README's cluster section).
+# (measured with pipelines/benchmark.py; docs/guide/runners.md).
 MAX_STEPS_PER_JOB = 200
 # ... and at most as many steps as keep a job's states and sums within this many bytes: each step
 # carries the state (the model and its running sum) and a sum per bundle, which a runner may hold
@@ -309,7 +309,7 @@ class BeamAggregator:
             path = self._path("count")
             self._run("count", self.count_pipeline(path))
             count = int(_take_pickle(path))
-        if count == 0:  # as the local runner does (the README's trust model names this leak)
+        if count == 0:  # as the local runner does (docs/trust-model.md names this leak)
             raise DataError(f"{', '.join(self.files)}: the input has no rows")
         return count
 

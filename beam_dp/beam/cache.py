@@ -9,7 +9,8 @@ import os
 import threading
 from typing import Callable
 
-from beam_dp.data import Block, Shard
+from beam_dp.block import Block
+from beam_dp.data import Shard
 
 
 def default_budget_bytes() -> int:

@@ -17,6 +17,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 from beam_dp import data, user_level
 from beam_dp.algorithms.base import zero_sum
 from beam_dp.beam.cache import ShardCache
+from beam_dp.block import Block
 from beam_dp.losses import GlmLoss
 from beam_dp.stats import record_releases
 
@@ -43,13 +44,13 @@ class ShardReader:
         self.encoding = encoding
         self.user_column = user_column   # user-level privacy: read each row's user key
 
-    def __call__(self, shard: data.Shard) -> list[data.Block]:
+    def __call__(self, shard: data.Shard) -> list[Block]:
         Metrics.counter(METRICS_NAMESPACE, FILE_OPENS).inc()
         return list(data.blocks_from_shard(shard, *self.args, open_file, self.encoding,
                                            getattr(self, "user_column", None)))
 
 
-def _user_buckets(block: data.Block, buckets: int):
+def _user_buckets(block: Block, buckets: int):
     """(bucket, rows) pairs: the block's rows split by a hash bucket of their user key, so that
     a GroupByKey on the bucket brings every row of a user to one place."""
     tags = (block.users % np.uint64(buckets)).astype(np.int64)
@@ -123,7 +124,7 @@ def _state_after(stage, outputs):
 
 def _position(element) -> tuple:
     """Where an input element starts (file and first row): orders the bundles' sums."""
-    return (element.source if isinstance(element, data.Block) else element.path,
+    return (element.source if isinstance(element, Block) else element.path,
             element.row_start)
 
 
@@ -165,7 +166,7 @@ class _Step(beam.DoFn):
             self.state = _state_after(self.previous, previous_outputs)
         position = _position(element)
         self.first = position if self.first is None else min(self.first, position)
-        blocks = ([element] if isinstance(element, data.Block)
+        blocks = ([element] if isinstance(element, Block)
                   else self.cache.blocks(element, self.reader))
         for block in blocks:
             part = self.stage.partial_sum(block, self.state)

@@ -13,8 +13,9 @@ from beam_dp.ledger import core, filter as rdp_filter
 def add_parser(subparsers) -> None:
     ledger = subparsers.add_parser(
         "ledger", help="the privacy budget across runs: declare budgets, list charges, explain",
-        description="The privacy-budget ledger shared by every run: per dataset and partition, "
-                    "a lifetime (epsilon, delta) and the runs charged against it.")
+        description=textwrap.fill("The privacy-budget ledger shared by every run: per dataset "
+                                  "and partition, a lifetime (epsilon, delta) and the runs "
+                                  "charged against it.", 78))
     sub = ledger.add_subparsers(dest="ledger_command", required=True)
 
     def common(parser, dataset_required: bool) -> None:
@@ -24,14 +25,16 @@ def add_parser(subparsers) -> None:
                             metavar="D", help="the dataset's id, as the runs give it")
 
     budget = sub.add_parser("budget", help="declare a lifetime budget",
-                            description="Declare the lifetime (epsilon, delta) of a dataset "
-                                        "(the default of each of its partitions) or of one "
-                                        "partition.")
+                            description=textwrap.fill(
+                                "Declare the lifetime (epsilon, delta) of a dataset (the default "
+                                "of each of its partitions) or of one partition.", 78))
     common(budget, True)
     budget.add_argument("--partition", default=None, metavar="P",
                         help="one partition (default: the dataset's default budget)")
-    budget.add_argument("--epsilon", type=float, required=True, metavar="E")
-    budget.add_argument("--delta", type=float, required=True, metavar="D")
+    budget.add_argument("--epsilon", type=float, required=True, metavar="E",
+                        help="the lifetime epsilon")
+    budget.add_argument("--delta", type=float, required=True, metavar="D",
+                        help="the lifetime delta")
     budget.add_argument("--replace", action="store_true",
                         help="change a budget already declared (never below what is spent)")
 

@@ -62,6 +62,7 @@ import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from beam_dp import accounting
+from beam_dp.accounting import rdp_accountant, relations
 
 # The fixed grid. Changing it is safe (charges keep their events, and a curve stored on another
 # grid is recomputed), but every order added costs a little epsilon (delta / k above).
@@ -99,9 +100,9 @@ def relation(neighbouring: str) -> str:
 def rdp_curve(event, neighbouring: str, orders=ORDERS) -> np.ndarray:
     """dp_accounting's RDP of ``event`` at ``orders`` (the project's RDP accountant: the
     library's, plus ``PureDpEvent``). ValueError if RDP cannot account for the event."""
-    acc = accounting._RdpAccountant(list(orders), accounting._RELATIONS[relation(neighbouring)])
+    acc = rdp_accountant._RdpAccountant(list(orders), relations._RELATIONS[relation(neighbouring)])
     try:
-        with accounting._quiet_rdp():
+        with rdp_accountant._quiet_rdp():
             acc.compose(event)
     except dp_accounting.UnsupportedEventError as error:
         raise ValueError(f"the RDP accountant cannot account for this event under "

@@ -1,0 +1,336 @@
+"""Column scaling before training: each numeric column mapped onto [-1, 1] on its declared
+range, or on a private 2nd-98th percentile range (``--scale-features private`` / ``auto``), and
+the median/mean fills of missing values released in the same pass (``prepare``).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from beam_dp import features, stats
+from beam_dp.algorithms.spec import Problem
+from beam_dp.categorical import Encoding
+
+
+SCALE_QUANTILES = (0.02, 0.98)
+# A privately scaled column keeps values up to this many half-ranges from its range's middle
+# (features.ScaleColumns.reach). Clipping at the 98th percentile itself made the 3% defaulters
+# of ISLR Default alike: ROC AUC 0.939 at reach 1, 0.946 at reach 4 (scikit-learn 0.949).
+PRIVATE_RANGE_REACH = 4.0
+# --scale-features auto scales where the quantiles' 95% rank error is below this share of n (the
+# margin then keeps the range at least the inter-quartile one). Above it the targets are pulled
+# toward the median and the range collapses. Measured at epsilon 1 (3 seeds):
+# * ISLR Default, n = 8,000, d = 2, error/n = 0.09: ROC AUC 0.956 scaled vs 0.569 unscaled;
+# * AER CreditCard, n = 1,055, d = 10, error/n = 3.5: accuracy 0.77 scaled vs 0.96 unscaled.
+AUTO_SCALE_RANK_ERROR = 0.25
+# The chance the margin leaves an extreme quantile to land on an empty grid cell beyond the data
+# (``stats.exponential_mechanism_quantile``): such a range is orders of magnitude too wide and
+# maps its column to ~0. At 0.05 (the 95% error) ISLR Default's balance once got a 98th
+# percentile of 2.2e6 (its values stop near 2,650): ROC AUC 0.46 on 1 of 30 seeds, train's
+# defaults. At 1e-3 the margin is 1.4x wider (Default: target ranks 1,070 rows from each end
+# rather than 750).
+SCALE_MARGIN_FAILURE = 1e-3
+SCALE_GRID_BOUND, SCALE_GRID_SIZE = 1e9, 601   # +-[1e-3, 1e9], 10% steps, and 0
+_SCALE_STREAM = 12
+
+
+# --scale-features auto maps a privately ranged column only when the range is off the unit scale:
+# a half-width outside [1/4, 4], or a middle more than 4 half-widths from 0 (past the reach).
+UNIT_SCALE = (0.25, 4.0)
+
+
+def off_unit_scale(low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """Columns whose (released) range [low, high] is far from the unit scale (see UNIT_SCALE)."""
+    half, mid = (high - low) / 2.0, (high + low) / 2.0
+    return (half < UNIT_SCALE[0]) | (half > UNIT_SCALE[1]) | (np.abs(mid) > UNIT_SCALE[1] * half)
+
+
+def prepare(options, problem: Problem, aggregator, seed: int, ledger, also=()):
+    """Each column mapped onto [-1, 1] (``features.ScaleColumns``): on its declared public range
+    (the schema's ``bounds``; a missing-value indicator is [0, 1] by construction), else, with
+    ``--scale-features private`` or ``auto``, on its 2nd and 98th percentiles released by the
+    exponential mechanism (``stats.QuantileStage``: pure epsilon each, under add/remove; the
+    targets kept their 95% rank error inside the data, so a small n lands inside it rather than
+    anywhere on the grid). A linear regression's label is scaled the same way (declared, else
+    private with the columns) and the coefficients mapped back to its units afterwards.
+
+    Why quantiles on a public log grid: a range has to come from somewhere, and reading it from
+    the data un-noised is what diffprivlib warns about (PrivacyLeakWarning); a log grid from
+    1e-3 to 1e9 in 10% steps covers incomes and 0/1 columns alike, and a value outside it is
+    only clipped.
+
+    Median/mean imputation (the schema's ``missing`` "median"/"mean") is released here too, in
+    the same job (one read of the data), and filled before scaling (``ScaleColumns.fill``):
+    * "median": the column's 50th percentile of its present values, on the same grid by the
+      same exponential mechanism (``stats.histogram`` leaves a missing cell out);
+    * "mean": the mean of its present values clipped to the column's *declared* range
+      (``stats.ImputeMeanStage``, Laplace). Declared rather than the private 2nd-98th range:
+      that range is released in this very job, so a mean within it would need a second read
+      of the data (and a second job); a column without a declared range takes "median".
+    Each imputed column gets the epsilon of one quantile (the share is split over the scaling's
+    quantiles and the imputed columns), in the ledger before the step noise is calibrated.
+
+    ``also``: (stage, released) pairs of other releases before the steps that do not depend on
+    these (the categorical columns' counts): their stages run in the same pass, and
+    ``released(state)`` (a dict) joins the preprocessing.
+
+    Returns (preprocess, make_transform), or (None, None) when nothing is scaled (``also`` is
+    then not run)."""
+    choice = options.scale_features
+    imputed = imputed_columns(problem)
+    if imputed:
+        why = ("categorical columns (sparse features)" if problem.sparse else
+               "--feature-norm" if options.feature_norm else
+               "--privacy-unit-column (the release bounds one row, not one user)"
+               if problem.privacy_unit is not None else None)
+        if why:
+            raise ValueError(f"median/mean imputation is not available with {why}: use "
+                             "constant:V or indicator for those columns")
+        # The fills' releases draw numpy's float noise (the median's Gumbel-max exponential
+        # mechanism, the mean's Laplace on float sums): --noise secure, which insists on integer
+        # noise on exact sums, refuses them (as adaptive clipping); the default says so.
+        if problem.privacy.noise == "secure":
+            raise ValueError("median/mean imputation adds float noise (its fills' releases are "
+                             "not built on exact sums); use --noise float or leave --noise out")
+        if IMPUTE_FLOAT_NOTE not in ledger.notes:
+            ledger.notes.append(IMPUTE_FLOAT_NOTE)
+    if problem.privacy_unit is not None and choice == "auto":
+        choice = "none"   # the quantiles bound one row's influence, not one user's: declared only
+    declared = problem.source.get("bounds") or {"columns": [], "label": None}
+    if problem.initial_theta is not None and choice == "auto":
+        # A warm start continues in its model's space: that model's ranges, if any, came as
+        # declared bounds (api._warm_start_theta); nothing new is released.
+        choice = "none"
+    if options.feature_norm:
+        if choice == "private":
+            raise ValueError("--scale-features private and --feature-norm are two maps of the "
+                             "same features: choose one")
+        return None, None   # auto/none: features as given (the feature norm maps them)
+    # The columns mapped: every one of dense rows; of CSR rows (categorical columns) the numeric
+    # ones (and missing indicators), which come first, the one-hot columns after them being 0/1
+    # already (features.ScaleColumns maps the first d columns of CSR rows).
+    d = (Encoding.from_spec(problem.source["encoding"]).first_categorical if problem.sparse
+         else problem.dim)
+    # [index, low, high] (declared), or [index, low, high, reach] (ranges released earlier, e.g.
+    # once for all of beam-dp tune's candidates)
+    fixed = {int(c[0]): (c[1], c[2], c[3] if len(c) > 3 else 1.0) for c in declared["columns"]}
+    for j, policy, name in imputed:
+        if policy == "mean" and j not in fixed:
+            raise ValueError(f"mean imputation of '{name}' needs its declared range (the schema's "
+                             "bounds): the mean of values clipped to it. Without one use median")
+    label_scaled = problem.loss.name == "linear"
+    private_columns = tuple(j for j in range(d) if j not in fixed) if choice != "none" else ()
+    private_label = label_scaled and declared["label"] is None and choice != "none"
+    epsilon = problem.privacy.epsilon
+    share = options.scale_epsilon or (0.1 * epsilon if epsilon is not None else None)
+    if imputed and share is None:
+        raise ValueError("median/mean imputation with --noise-multiplier needs --scale-epsilon "
+                         "(the fills' budget)")
+    if (private_columns or private_label) and share is None:
+        if choice == "private":
+            raise ValueError("--scale-features private with --noise-multiplier needs "
+                             "--scale-epsilon (the quantiles' budget)")
+        private_columns, private_label = (), False   # auto: only what is declared
+    if epsilon is not None and share is not None and share >= epsilon:
+        raise ValueError("--scale-epsilon is a share of --epsilon: it must be smaller")
+    if not (fixed or declared["label"] is not None or private_columns or private_label or imputed):
+        return None, None
+    stage = per_release = None
+    released = len(private_columns) + int(private_label)
+    if released or imputed:
+        # one quantile's epsilon per scaling quantile and per imputed column
+        per_release = share / (released * len(SCALE_QUANTILES) + len(imputed))
+    if released:
+        grid = np.repeat(stats.symmetric_log_grid(SCALE_GRID_BOUND, SCALE_GRID_SIZE, 1e12),
+                         released, axis=0)
+        stage = stats.QuantileStage(
+            "column_bounds", stats.Selected(private_columns, private_label), stats.FixedGrid(grid),
+            released, SCALE_GRID_SIZE, SCALE_QUANTILES, per_release, stats.stages_seed(seed),
+            (_SCALE_STREAM,), margin=stats.quantile_rank_error_bound(SCALE_GRID_SIZE, per_release,
+                                                                      SCALE_MARGIN_FAILURE),
+            # The run's noise kind: secure unless float was asked for (as the steps' default),
+            # so the ranges are no float release inside a secure run.
+            noise="float" if problem.privacy.noise == "float" else "secure")
+
+    def preprocess(n: int) -> dict:
+        out = {"declared_bounds": declared} if fixed or declared["label"] is not None else {}
+        scale = stage
+        if stage is not None:
+            # The margin (the rank error at SCALE_MARGIN_FAILURE), as the targets sit that far
+            # from the ends: above a quarter of n the range shrinks inside the quartiles.
+            error = stage.margin
+            if choice == "auto" and error > AUTO_SCALE_RANK_ERROR * n:
+                # Decided from the released count and public constants: nothing is spent.
+                out = {**out, "column_bounds": None, "scaling_skipped": (
+                    f"--scale-features auto: the quantiles' rank error bound ({error:.0f} rows at "
+                    f"probability {1 - SCALE_MARGIN_FAILURE:g}, "
+                    f"{per_release:.3g} epsilon each) is above {AUTO_SCALE_RANK_ERROR:.0%} of n; "
+                    "columns without declared bounds used as given"
+                    + ("" if not private_label else ", and the label too"))}
+                scale = None
+        # The fills' epsilon: one quantile's each, or the whole share when no range is released
+        # (decided from public values: the released n and constants).
+        fill_stages = _imputation_stages(
+            imputed, fixed, per_release if scale is not None else share / len(imputed),
+            seed) if imputed else []
+        for q in fill_stages:
+            unranged = [name for j, p, name in imputed if p == "median" and j not in fixed]
+            if q.key == "impute_median" and unranged and (
+                    q.rank_error_bound(0.05) > AUTO_SCALE_RANK_ERROR * n):
+                # On the wide log grid a median this uncertain can land orders of magnitude away
+                # from the data (airquality, 153 rows: RMSE 2.9e6). Refused before it is spent,
+                # from public values (the released n and constants).
+                raise ValueError(
+                    f"median imputation of {', '.join(repr(c) for c in unranged)}: at this n the "
+                    f"private median's 95% rank error ({q.rank_error_bound(0.05):.0f} rows at "
+                    f"{q.epsilon:.3g} epsilon) is above {AUTO_SCALE_RANK_ERROR:.0%} of the rows, "
+                    "so without a declared range it may land anywhere from 1e-3 to 1e9: declare "
+                    "the column's range (the schema's bounds), give a larger --scale-epsilon, or "
+                    "use the indicator policy")
+        # The fills with the ranges (if any), and the run's other releases that do not depend
+        # on them (``also``: the categorical columns' counts), in one pass over the data: one job.
+        stages = ([scale] if scale is not None else []) + fill_stages + [s for s, _ in also]
+        if not stages:
+            return out
+        stats.record_releases(stages, ledger)
+        state = aggregator.run_stages(
+            [stats.PackedStages(tuple(stages))] if len(stages) > 1 or fill_stages else stages,
+            {"n": n})
+        for _, released in also:
+            out = {**out, **released(state)}
+        if fill_stages:
+            out = {**out, "imputation": _released_fills(imputed, fill_stages, state, fixed)}
+        if scale is None:
+            return out
+        bounds = state["column_bounds"]
+        # Quantiles released independently may cross (both inside one grid cell, or a column
+        # with almost all rows equal): the range is then their span.
+        low, high = np.minimum(bounds[:, 0], bounds[:, 1]), np.maximum(bounds[:, 0], bounds[:, 1])
+        k = len(private_columns)
+        return {**out, "column_bounds": {
+            "columns": list(private_columns), "low": low[:k].tolist(), "high": high[:k].tolist(),
+            **({"label": [float(low[k]), float(high[k])]} if private_label else {}),
+            "quantiles": list(SCALE_QUANTILES), "epsilon": share,
+            "rank_error_95": stage.rank_error_bound(0.05)}}
+
+    def make_transform(pre: dict):
+        low, high, reach = np.full(d, np.nan), np.full(d, np.nan), np.ones(d)
+        # a declared range is the label's domain (reach 1); an inherited one keeps its reach
+        label_reach = float(declared.get("label_reach", 1.0))
+        for j, (lo, hi, r) in fixed.items():
+            low[j], high[j], reach[j] = lo, hi, r
+        label = declared["label"]
+        released_bounds = pre.get("column_bounds")
+        if released_bounds:
+            columns = np.asarray(released_bounds["columns"], dtype=np.int64)
+            lo, hi = np.asarray(released_bounds["low"]), np.asarray(released_bounds["high"])
+            # A range collapsed to a point (a 0/1 column whose ones are under 2% of the rows, or a
+            # column almost constant) would map the column to 0 and erase its rare values: such
+            # a column is left as given.
+            use = hi > lo
+            if choice == "auto":
+                # ... and auto maps only the columns its released ranges show off the unit scale
+                # (a standardized or 0/1 column is left as given): mapping them anyway cost
+                # ROC AUC 0.947 -> 0.905 on standardized ISLR Default (real_data_benchmark.py).
+                use &= off_unit_scale(lo, hi)
+            low[columns[use]], high[columns[use]] = lo[use], hi[use]
+            reach[columns[use]] = PRIVATE_RANGE_REACH
+            if "label" in released_bounds:
+                label = released_bounds["label"]
+                label_reach = PRIVATE_RANGE_REACH
+                if not label[1] > label[0] or (choice == "auto" and not off_unit_scale(
+                        np.asarray(label[:1]), np.asarray(label[1:]))[0]):
+                    label = None   # one grid cell, or already on the unit scale: as given
+        if not problem.fit_intercept:
+            # Without an intercept the model is y = <w, x>, through the origin: a shift of a
+            # column or of the label would need the intercept the user left out, so each range
+            # becomes symmetric about 0 (scale only, no shift).
+            top = np.maximum(np.abs(low), np.abs(high))
+            low, high = np.where(np.isnan(low), low, -top), np.where(np.isnan(high), high, top)
+            if label is not None:
+                label_top = max(abs(label[0]), abs(label[1]))
+                label = (-label_top, label_top)
+        fill = None
+        if pre.get("imputation"):
+            fill = np.full(d, np.nan)
+            for column in pre["imputation"].values():
+                fill[column["index"]] = column["fill"]
+        if np.isnan(low).all() and label is None and fill is None:
+            return None
+        return features.ScaleColumns(tuple(low.tolist()), tuple(high.tolist()),
+                                     *((float(label[0]), float(label[1])) if label else (None, None)),
+                                     reach=tuple(reach.tolist()) if (reach != 1).any() else None,
+                                     label_reach=label_reach,
+                                     fill=None if fill is None else tuple(fill.tolist()))
+
+    return preprocess, make_transform
+
+
+_IMPUTE_STREAM = 13
+IMPUTE_FLOAT_NOTE = ("median/mean imputation: the fills' releases add numpy's float noise (the "
+                     "median's exponential mechanism by Gumbel-max, the mean's Laplace on float "
+                     "sums); the other releases keep their own noise")
+
+
+def imputed_columns(problem: Problem) -> list:
+    """(model column, "median"/"mean", name) of the columns whose fill is still to be released."""
+    spec = problem.source.get("encoding")
+    if not spec:
+        return []
+    encoding = Encoding.from_spec(spec)
+    pending = encoding.pending
+    index = {name: j for j, name in enumerate(encoding.dense_names)}
+    return [(index[c], p, c) for c, p in encoding.imputed if pending[index[c]]]
+
+
+def _imputation_stages(imputed: list, fixed: dict, epsilon: float | None, seed: int) -> list:
+    """The releases of the fills (``epsilon`` each column): one exponential-mechanism median per
+    "median" column, one Laplace stage for all "mean" columns (each within its declared range).
+    A median's grid is the scaling's public log grid, or, for a column with a declared range,
+    as many points spread evenly over that range: the fill then stays in the column's domain,
+    and at small n (where the mechanism is nearly uniform over the grid) it does not land
+    orders of magnitude away from the data."""
+    medians = tuple(j for j, p, _ in imputed if p == "median")
+    means = tuple(j for j, p, _ in imputed if p == "mean")
+    out = []
+    if medians:
+        log_grid = stats.symmetric_log_grid(SCALE_GRID_BOUND, SCALE_GRID_SIZE, 1e12)[0]
+        size = log_grid.size
+        grid = np.stack([np.linspace(fixed[j][0], fixed[j][1], size) if j in fixed else log_grid
+                         for j in medians])
+        out.append(stats.QuantileStage("impute_median", stats.Selected(medians),
+                                       stats.FixedGrid(grid), len(medians), size, (0.5,),
+                                       epsilon, stats.stages_seed(seed), (_IMPUTE_STREAM,)))
+    if means:
+        out.append(stats.ImputeMeanStage("impute_mean", means,
+                                         tuple(float(fixed[j][0]) for j in means),
+                                         tuple(float(fixed[j][1]) for j in means),
+                                         epsilon * len(means), stats.stages_seed(seed),
+                                         (_IMPUTE_STREAM, 1)))
+    return out
+
+
+def _released_fills(imputed: list, stages: list, state: dict, fixed: dict) -> dict:
+    """{column: its policy, released fill, model column and the release's noise} (public)."""
+    out = {}
+    medians = iter(state["impute_median"][:, 0]) if "impute_median" in state else iter(())
+    means = iter(state["impute_mean"]) if "impute_mean" in state else iter(())
+    by_key = {s.key: s for s in stages}
+    for j, policy, name in imputed:
+        if policy == "median":
+            q = by_key["impute_median"]
+            out[name] = {"policy": "median", "index": j, "fill": float(next(medians)),
+                         "epsilon": q.epsilon, "mechanism": "exponential mechanism quantile",
+                         "grid": ("uniform over the declared range" if j in fixed
+                                  else "symmetric log grid, 10% steps"),
+                         "rank_error_95": q.rank_error_bound(0.05)}
+        else:
+            m = by_key["impute_mean"]
+            half = (fixed[j][1] - fixed[j][0]) / 2.0
+            out[name] = {"policy": "mean", "index": j, "fill": float(next(means)),
+                         "epsilon": m.epsilon / len(m.columns), "mechanism": "Laplace",
+                         "range": [fixed[j][0], fixed[j][1]],
+                         # the Laplace scale of the noisy sum, in the column's units, and of
+                         # the noisy count of present cells (neither total is reported)
+                         "noise_scale_sum": half * m.laplace_scale,
+                         "noise_scale_count": m.laplace_scale}
+    return out
