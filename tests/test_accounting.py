@@ -309,6 +309,7 @@ def test_calibrated_multiplier_meets_the_target_by_dp_accountings_own_pld(q, ste
     assert accounting.epsilon_of(make_event(sigma), delta) == pytest.approx(at_default, rel=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sigma,q,interval", [
     (0.94, 0.005, 1e-4), (0.5, 0.3, 1e-3), (3.7, 1.0, 1e-4), (0.1, 0.01, 1e-2), (2.0, 0.999, 1e-3)])
 def test_whole_grid_gaussian_pld_is_dp_accountings_to_the_bit(sigma, q, interval):

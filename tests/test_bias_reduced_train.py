@@ -55,6 +55,7 @@ def generous(task):
     return _train(x, y, model="logistic", epsilon=8.0, seed=3, call_epsilon=1.0, max_steps=3000)
 
 
+@pytest.mark.slow
 def test_trains_end_to_end_and_beats_the_constant_predictor(task, generous):
     """The constant predictor ~0.50, non-private logistic regression ~0.78 on the held-out rows;
     the margin 0.08 is some 10 standard errors of a held-out accuracy at 4000 rows."""
@@ -64,6 +65,7 @@ def test_trains_end_to_end_and_beats_the_constant_predictor(task, generous):
     assert accuracy > constant + 0.08, (accuracy, constant)
 
 
+@pytest.mark.slow
 def test_the_ledger_holds_every_step_and_its_epsilon_is_within_the_budget(task, generous):
     report = generous.privacy_report
     assert report["neighbouring"] == accounting.REPLACE_ONE   # the paper's relation
@@ -151,6 +153,7 @@ def _categorical_parquet(path, n=600, seed=0):
     return str(path)
 
 
+@pytest.mark.slow
 def test_categorical_columns_train_sparse_on_local_and_beam_alike(tmp_path, cli, monkeypatch):
     """CSR blocks all the way: the sparse clipped-gradient kernel is what computes the sums (the
     dense one is never called), and the Beam runner gives the local runner's model."""

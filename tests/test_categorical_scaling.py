@@ -143,6 +143,7 @@ def test_numeric_columns_next_to_categorical_ones_are_scaled(tmp_path, how):
     assert accuracy > max(np.mean(y), 1 - np.mean(y)) + 0.15, accuracy
 
 
+@pytest.mark.slow
 def test_beam_and_local_give_the_same_scaled_categorical_model(tmp_path):
     path, _, _, _ = _dollars_and_a_category(tmp_path, n=1500)
     common = dict(input=path, epsilon=2.0, seed=6, steps=3, scale_features="private",
@@ -171,6 +172,7 @@ DEFAULT_SCHEMA = {"label": "default", "label_classes": ["No", "Yes"], "categoric
                   "ignore": ["rownames"], "vocabulary": {"student": ["No", "Yes"]}}
 
 
+@pytest.mark.slow
 def test_islr_default_with_student_categorical_beats_the_constant(tmp_path, cli):
     """ISLR Default (split 0: 8,000 training rows, the held-out 2,000 for the AUC), ``student``
     categorical, dpgd's defaults at epsilon 1 (private count, private ranges by ``auto``).

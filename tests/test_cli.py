@@ -60,6 +60,7 @@ def _no_temporary_leftovers(parent) -> None:
 # ------------------------------------------------------------------------------ a. artifacts
 
 
+@pytest.mark.slow
 def test_make_data_then_train_local_writes_the_artifacts(tmp_path, cli):
     data_dir = tmp_path / "data"
     r = cli("make-data", "--output", data_dir, "--n", 3000, "--d", 6, "--validation-n", 500,
@@ -113,6 +114,7 @@ def test_make_data_then_train_local_writes_the_artifacts(tmp_path, cli):
     ("regression", "linear", ["--no-intercept"], (5,), "rmse"),
     ("regression", "huber", ["--huber-delta", "0.5"], (5,), "rmse"),
 ])
+@pytest.mark.slow
 def test_every_model_trains_from_csv(tmp_path, cli, task, model, extra, coef_shape, metric):
     data_dir = tmp_path / "data"
     assert cli("make-data", "--output", data_dir, "--task", task, "--n", 1500, "--d", 5,
@@ -207,6 +209,7 @@ def test_report_epsilon_recomputed_independently(tmp_path, cli, small_binary, ac
 # ------------------------------------------------------------------- c. runner equivalence
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["dpsgd", "dpgd"])
 def test_local_and_beam_runners_agree(tmp_path, cli, small_binary, algorithm):
     fast = FAST if algorithm == "dpsgd" else [*FAST_ANY, "--algorithm", algorithm]
@@ -270,6 +273,7 @@ def test_bad_input_fails_cleanly(tmp_path, cli, small_binary, runner, kind):
     _no_temporary_leftovers(tmp_path)
 
 
+@pytest.mark.slow
 def test_bad_input_on_beam_seen_from_a_shell(tmp_path, small_binary):
     pattern, bad_file, row = _corrupt_copy(small_binary, tmp_path / "data", "nan")
     out = tmp_path / "out"
@@ -323,6 +327,7 @@ def test_files_without_rows_are_an_error_on_both_runners(tmp_path, cli, runner):
 # ------------------------------------------------------------------------------- e. predict
 
 
+@pytest.mark.slow
 def test_predict_logistic_writes_one_prediction_and_probability_per_row(tmp_path, cli, small_binary):
     model_dir = tmp_path / "model"
     assert cli(*train_args(small_binary, model_dir, *LOCAL, *FAST, "--seed", 4)).code == 0
@@ -372,6 +377,7 @@ def test_predict_other_models(tmp_path, cli, model, num_classes):
 # ------------------------------------------------------------------ f. existing --output
 
 
+@pytest.mark.slow
 def test_existing_output_is_left_untouched_without_overwrite(tmp_path, cli, small_binary):
     out = tmp_path / "out"
     r = cli(*train_args(small_binary, out, *LOCAL, *FAST))
@@ -396,6 +402,7 @@ def _tree(path):
                   for d, _, files in os.walk(path) for f in files)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["foreign_directory", "mixed_directory", "data_file",
                                     "empty_directory", "device", "link"])
 def test_overwrite_replaces_only_what_beam_dp_wrote(tmp_path, cli, small_binary, target):
@@ -428,6 +435,7 @@ def test_overwrite_replaces_only_what_beam_dp_wrote(tmp_path, cli, small_binary,
     assert os.path.exists("/dev/null") and not os.path.isdir("/dev/null")
 
 
+@pytest.mark.slow
 def test_output_inside_another_output_is_refused_before_training(tmp_path, cli, small_binary,
                                                                  monkeypatch):
     """An output nested in a directory beam-dp wrote would be a foreign entry there (its marker
@@ -451,6 +459,7 @@ def test_output_inside_another_output_is_refused_before_training(tmp_path, cli, 
         assert _tree(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_predictions_inside_an_output_and_repeated_id_columns_refused_first(tmp_path, cli,
                                                                              small_binary,
                                                                              monkeypatch):
@@ -511,6 +520,7 @@ def _forbid_data_access(monkeypatch):
             monkeypatch.setattr(local.LocalAggregator, name, refuse)
 
 
+@pytest.mark.slow
 def test_checkpoint_resume_of_a_finished_run(tmp_path, cli, small_binary, monkeypatch):
     ckpt = tmp_path / "ckpt"
     args = [*LOCAL, *FAST, "--seed", 5, "--checkpoint-dir", ckpt]
@@ -531,6 +541,7 @@ def test_checkpoint_resume_of_a_finished_run(tmp_path, cli, small_binary, monkey
         assert second_report[key] == first_report[key], key
 
 
+@pytest.mark.slow
 def test_checkpoint_resume_after_an_interruption(tmp_path, cli, small_binary, monkeypatch):
     from beam_dp import batches
 
@@ -565,6 +576,7 @@ def test_checkpoint_resume_after_an_interruption(tmp_path, cli, small_binary, mo
     assert resumed["epsilon"] == pytest.approx(clean["epsilon"], rel=1e-12)
 
 
+@pytest.mark.slow
 def test_checkpoint_of_another_configuration_starts_afresh(tmp_path, cli, small_binary):
     """Checkpoints are kept per release (settings, input snapshot, code): other settings in the
     same --checkpoint-dir are another run, trained from scratch, not the old one resumed."""
@@ -581,6 +593,7 @@ def test_checkpoint_of_another_configuration_starts_afresh(tmp_path, cli, small_
 # -------------------------------------------------------------------------------- h. seeds
 
 
+@pytest.mark.slow
 def test_seed_is_reported(tmp_path, cli, small_binary):
     assert cli(*train_args(small_binary, tmp_path / "fixed", *LOCAL, *FAST, "--seed", 9)).code == 0
     assert read_json(tmp_path / "fixed" / "privacy_report.json")["seed"].startswith("fixed by --seed")
@@ -606,6 +619,7 @@ def _assert_nothing_unnoised(out, stdout, stderr):
                             "constant_baseline", "better_than_constant"}
 
 
+@pytest.mark.slow
 def test_nothing_unnoised_leaves_a_local_run(tmp_path, small_binary):
     out = tmp_path / "out"
     r = _subprocess(*train_args(small_binary, out, *LOCAL, *FAST, "--validation",
@@ -614,6 +628,7 @@ def test_nothing_unnoised_leaves_a_local_run(tmp_path, small_binary):
     _assert_nothing_unnoised(out, r.stdout, r.stderr)
 
 
+@pytest.mark.slow
 def test_nothing_unnoised_leaves_a_beam_run(tmp_path, small_binary):
     # Beam's work directory goes under TMPDIR: after the job, no file there may hold the exact
     # number of training examples (the driver adds the noise to it; only the noisy value leaves).
@@ -675,6 +690,7 @@ def test_overwrite_never_replaces_the_jobs_own_input(tmp_path, cli):
         assert sorted(os.listdir(data_dir)) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("change", ["edited_marker", "subdirectory", "changed_file"])
 def test_overwrite_checks_what_the_marker_recorded(tmp_path, cli, small_binary, change):
     out = tmp_path / "out"
@@ -694,6 +710,7 @@ def test_overwrite_checks_what_the_marker_recorded(tmp_path, cli, small_binary, 
     assert os.path.exists(out / report.MARKER)
 
 
+@pytest.mark.slow
 def test_repeated_single_valued_flags_are_refused_and_inputs_accumulate(tmp_path, cli, small_binary):
     first, second, third = small_binary["train_files"]
     r = cli(*train_args(small_binary, tmp_path / "a", *LOCAL, "--steps", 2, "--epsilon", 0.5,
@@ -721,6 +738,7 @@ def test_a_file_reached_twice_is_read_once(tmp_path, small_binary):
     assert files == sorted(os.path.realpath(f) for f in small_binary["train_files"])
 
 
+@pytest.mark.slow
 def test_checkpoint_of_another_input_starts_afresh(tmp_path, cli, small_binary):
     """A checkpoint belongs to the release of its input snapshot: the same --checkpoint-dir over
     other files trains them, rather than return the old model and its old noisy count

@@ -5,7 +5,7 @@ worker-side shard cache, and Parquet cut into shards at row-group boundaries.
 Beam runs pin ``--runner FnApiRunner`` (Beam's in-process runner: its workers are threads of
 this process, so a file opener patched here is the one the workers call). The input files have
 several row groups, so that a file is cut into several shards. The slow tests run the portable
-runner with SDK worker processes started by a worker pool (``test_multiprocess.worker_pool``).
+runner with SDK worker processes started by a worker pool (``tests/worker_pool.py``).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import pytest
 from conftest import checkpoint_state, islr_default_columns, model_theta, read_json
-from test_multiprocess import worker_pool  # noqa: F401  (a fixture)
+from worker_pool import worker_pool  # noqa: F401  (a fixture)
 
 import beam_dp
 from beam_dp import batches, data, losses, synthetic
@@ -120,7 +120,8 @@ def _leftovers(root) -> list[str]:
 # the private count, the noise calibrated to --epsilon; only sizes and steps are small.
 # (Existing tests compare the runners at a given --noise-multiplier, to 1e-6.)
 EQUIVALENCE = {
-    "dpgd": ("binary", ["--algorithm", "dpgd", "--steps", 6]),
+    # (2 steps a job: 3 jobs on Beam, so the state crosses job boundaries)
+    "dpgd": ("binary", ["--algorithm", "dpgd", "--steps", 6, "--steps-per-job", 2]),
     "dpsgd": ("binary", ["--algorithm", "dpsgd", "--steps", 9, "--batch-size", 200]),
     "ssp": ("regression", ["--algorithm", "ssp", "--model", "linear"]),
     "dp-ambssgd": ("regression", ["--algorithm", "dp-ambssgd", "--model", "linear",
@@ -154,6 +155,7 @@ SECURE_CLASSIFIERS = ("dpgd", "dpsgd", "dpsgd-f")
 FULL_BATCH = ("dpgd", "ssp")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SECURE)
 def test_secure_noise_gives_the_same_model_bits_on_any_bundling(tmp_path, cli, request, beam_jobs,
                                                                  name):
@@ -192,6 +194,7 @@ def test_equivalence_covers_every_registered_algorithm_and_variant():
         f"dpsgd-f-{v}" for v in dpsgd_f.VARIANTS}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(EQUIVALENCE))
 def test_same_seed_same_model_on_local_and_beam(tmp_path, cli, request, beam_jobs, name):
     dataset, extra = EQUIVALENCE[name]
@@ -229,13 +232,22 @@ def test_same_seed_same_model_on_local_and_beam(tmp_path, cli, request, beam_job
 
 # The portable runner: the bundles run in SDK worker processes that a worker pool starts.
 
-# Beam's PortableRunner (one SDK worker process per job) for one algorithm of each job kind; the
-# two-process runs below cover every algorithm's stages and batches across a process boundary.
+# What another process can break is the stages' and batches' machinery (pickled stages, state
+# carried in the stage objects rather than module globals, the per-process shard cache, keys
+# derived from the seed and row positions), not an algorithm's arithmetic, which
+# test_same_seed_same_model_on_local_and_beam checks for every algorithm on Beam's in-process
+# runner. So one algorithm per kind of machinery runs on worker processes: full-batch stages
+# (dpgd; mirror-descent, objective- and output-perturbation use the same gradient stages), batches
+# fixed in advance (dpsgd; dp-ambssgd and dpsgd-f-practical the same), a one-pass statistics stage
+# (ssp), private preprocessing stages with secure noise before batches (dpsgd-f-theory), batches
+# keyed by row position (heavy-tailed-md) and the bias-reduced step's own layout.
+EXTERNAL_WORKERS = ("dpgd", "dpsgd", "ssp", "dpsgd-f-theory", "heavy-tailed-md", "bias-reduced-sgd")
+# Beam's PortableRunner (one SDK worker process per job) for one algorithm of each job kind.
 PORTABLE_ONE_WORKER = ("dpgd", "dpsgd")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(EQUIVALENCE))
+@pytest.mark.parametrize("name", EXTERNAL_WORKERS)
 def test_same_model_on_external_worker_processes(tmp_path, request, worker_pool, beam_jobs, name,
                                                  monkeypatch):
     """SDK worker processes started by the pool, against the in-process model of the same seed
@@ -243,7 +255,7 @@ def test_same_model_on_external_worker_processes(tmp_path, request, worker_pool,
     with the same EXTERNAL environment and ``direct_num_workers`` 2, which splits each stage's
     bundles between two processes. 1 worker, PORTABLE_ONE_WORKER: Beam's PortableRunner with its
     embedded job service (which starts one whatever the flags)."""
-    from test_multiprocess import _run_with_timeout
+    from worker_pool import _run_with_timeout
     from beam_dp.beam import aggregator as beam_aggregator
 
     address, pool_log = worker_pool
@@ -285,6 +297,8 @@ def test_same_model_on_external_worker_processes(tmp_path, request, worker_pool,
         assert jobs and log.count("Starting worker with command") == workers * len(jobs), (
             workers, _kinds(jobs), log)
         assert jobs[-1]["kind"] == ("stages" if name in STAGE_JOBS else "batches")
+        if name == "dpgd":   # 2 steps a job: the state crosses job boundaries between processes
+            assert len(jobs) == 3, _kinds(jobs)
         portable = model_theta(output)
         if name in SECURE:   # exact integer sums: the same bits in another process
             np.testing.assert_array_equal(portable, local)
@@ -309,6 +323,7 @@ def _check_reads(jobs, files, shards_per_file):
         assert job["opened"] == {f: shards_per_file for f in files}, job
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("steps", [3, 40])
 @pytest.mark.parametrize("count", ["public", "private"])
 def test_dpsgd_on_parquet_is_one_batch_job_whatever_the_steps(tmp_path, cli, binary, beam_jobs,
@@ -324,6 +339,7 @@ def test_dpsgd_on_parquet_is_one_batch_job_whatever_the_steps(tmp_path, cli, bin
     assert report["dataset_size"]["source"].startswith("public" if count == "public" else "private")
 
 
+@pytest.mark.slow
 def test_dpsgd_on_csv_with_a_private_count_is_a_count_job_and_a_batch_job(tmp_path, cli,
                                                                             binary_csv, beam_jobs):
     _train(cli, binary_csv, tmp_path / "out", "--algorithm", "dpsgd", "--noise-multiplier", 1.0,
@@ -332,6 +348,7 @@ def test_dpsgd_on_csv_with_a_private_count_is_a_count_job_and_a_batch_job(tmp_pa
     _check_reads(beam_jobs, binary_csv["files"], 1)   # a CSV file is one shard
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("steps_per_job, expected", [(None, [30]), (10, [10, 10, 10]),
                                                      (12, [12, 12, 6])])
 def test_dpgd_steps_unrolled_into_jobs(tmp_path, cli, binary, beam_jobs, steps_per_job, expected):
@@ -347,6 +364,7 @@ def test_dpgd_steps_unrolled_into_jobs(tmp_path, cli, binary, beam_jobs, steps_p
         assert job["file_opens"] == 0 and job["opened"] == {}, job
 
 
+@pytest.mark.slow
 def test_the_shard_cache_is_freed_when_the_run_ends(tmp_path, cli, binary, beam_jobs):
     """A second run in the same process reads its input again (a new cache, the old one
     cleared), rather than finding the first run's blocks."""
@@ -408,6 +426,7 @@ def _batch_dirs(temp):
     return [n for n in _leftovers(temp) if n.startswith("beam-dp-batches-")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", list(RESUMABLE))
 def test_an_interrupted_checkpointed_run_resumes_with_its_batches(tmp_path, cli, binary,
                                                                   beam_jobs, monkeypatch,
@@ -458,6 +477,7 @@ def test_without_a_checkpoint_a_failed_run_deletes_its_batches(tmp_path, cli, bi
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dataset", ["binary", "binary_csv"])   # CSV: a count job, a work dir
 def test_a_successful_run_leaves_nothing_under_the_temp_location(tmp_path, cli, request, beam_jobs,
                                                                  monkeypatch, dataset):
@@ -484,6 +504,7 @@ def _seedless(args):
     return [a for i, a in enumerate(args) if a != "--seed" and (i == 0 or args[i - 1] != "--seed")]
 
 
+@pytest.mark.slow
 def test_a_resume_without_a_seed_reuses_the_batches(tmp_path, cli, binary, beam_jobs, monkeypatch):
     """A production run (no --seed) resumed draws a new secure seed for its noise but reuses
     (does not resample) the batches its first attempt made: the fingerprint leaves the seed out."""
@@ -522,6 +543,7 @@ def test_an_interrupt_inside_a_beam_job_is_one_line(tmp_path, cli, binary, monke
                       num_examples=N, runner="FnApiRunner")
 
 
+@pytest.mark.slow
 def test_a_fixed_seed_checkpoint_is_not_resumed_as_a_secure_run(tmp_path, cli, binary, monkeypatch):
     """Resuming a --seed run without --seed would report the OS's secure randomness for draws
     the fixed seed made: the seed is part of the release, so the seedless run is another one,
@@ -600,6 +622,7 @@ def test_sigterm_stops_a_run_like_ctrl_c_and_deletes_its_batches(tmp_path, cli, 
     assert _leftovers(temp) == [] and not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["deleted", "other-plan"])
 def test_a_resume_without_its_batches_makes_them_again(tmp_path, cli, binary, beam_jobs,
                                                        monkeypatch, uninterrupted, damage):
@@ -837,6 +860,7 @@ def islr_default(tmp_path_factory):
     return {"glob": str(root / "default-*.parquet"), "files": sorted(root.glob("*.parquet"))}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm, kind", [("dpsgd", "batches"), ("dpgd", "stages")])
 def test_real_table_with_defaults_same_model_on_every_runner(tmp_path, cli, islr_default,
                                                               beam_jobs, algorithm, kind):
@@ -869,6 +893,7 @@ def test_real_table_with_defaults_same_model_on_every_runner(tmp_path, cli, islr
     assert _leftovers(temp) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", SECURE_CLASSIFIERS)
 def test_real_table_secure_noise_same_bits_on_every_runner(tmp_path, cli, islr_default, beam_jobs,
                                                            algorithm):
@@ -906,6 +931,7 @@ def test_real_table_secure_noise_same_bits_on_every_runner(tmp_path, cli, islr_d
     assert abs(secure - float_) <= 0.01 and secure >= float(np.mean(y < 0.5)) - 0.01
 
 
+@pytest.mark.slow
 def test_the_quality_check_is_one_more_job(tmp_path, cli, binary, beam_jobs):
     """With default flags the private quality check reads the data once more, in one stages job
     after training, and its release is in the report."""

@@ -131,6 +131,7 @@ def test_count_job_on_csv_input_translates(tmp_path, record_property):
     # A bigger state (10 x 51) and a bigger stage: the largest full-batch graph here.
     ("multiclass", "softmax", 50, 10),
 ], ids=["logistic-d8", "softmax-d50-k10"])
+@pytest.mark.slow
 def test_dpgd_job_at_the_chosen_steps_per_job_fits(tmp_path, record_property, task, model, d,
                                                    classes):
     extra = {"num_classes": classes} if classes else {}
@@ -194,6 +195,7 @@ def test_dp_ambssgd_batch_job_translates(tmp_path, record_property):
              "dp-ambssgd-batches")
 
 
+@pytest.mark.slow
 def test_a_flex_template_launch_translates_exactly_one_job(tmp_path, monkeypatch):
     """pipelines/flex_template_main.py (the Flex Template's entry point) with the Dataflow
     runner's offline dry run: each launch builds and submits exactly one Dataflow job, then

@@ -100,6 +100,7 @@ def test_declared_bounds_scale_features_and_label_without_spending_privacy(tmp_p
                                rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_undeclared_columns_and_the_label_are_scaled_privately(tmp_path):
     path, x, y = _table(tmp_path, n=20_000)
     model = _train(input=path, label_column="y", model="linear", epsilon=1.0, seed=5,
@@ -193,6 +194,7 @@ def test_tune_scales_like_train_and_predicts_in_the_label_units(tmp_path):
     assert np.sqrt(np.mean((model.decision_function(x) - y) ** 2)) < 0.5 * np.std(y)
 
 
+@pytest.mark.slow
 def test_a_warm_start_continues_on_its_model_s_ranges(tmp_path):
     """A nightly job warm-starts from yesterday's model: a model scaled by declared or private
     ranges is continued on the same ranges (public, in its model.json), its coefficients taken
@@ -211,6 +213,7 @@ def test_a_warm_start_continues_on_its_model_s_ranges(tmp_path):
                                rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_without_an_intercept_ranges_scale_about_zero_and_never_shift(tmp_path):
     """fit_intercept=False: the model is y = <w, x>, so no column or label may be shifted (a shift
     needs the intercept); each range is made symmetric about 0, declared or private."""

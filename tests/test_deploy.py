@@ -308,6 +308,7 @@ def wheel(tmp_path_factory) -> Path:
     return built
 
 
+@pytest.mark.slow
 def test_wheel_holds_every_module_and_the_command(wheel):
     assert wheel.name == f"beam_dp-{importlib.metadata.version('beam-dp')}-py3-none-any.whl"
     with zipfile.ZipFile(wheel) as z:
@@ -333,6 +334,7 @@ def no_network(monkeypatch):
     monkeypatch.setattr(socket, "getaddrinfo", refuse)
 
 
+@pytest.mark.slow
 def test_dataflow_dry_run_stages_the_wheel(wheel, no_network):
     try:   # as in test_dataflow.py: the runner's API client comes with the dataflow extra
         import apache_beam.runners.dataflow.internal.apiclient  # noqa: F401

@@ -149,6 +149,7 @@ def test_staircase_tables_are_sound(law, scale):
     assert 0.9 < st.acceptance <= 1.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("law,scale,span", [
     ("gaussian", 1.5, 0.1), ("gaussian", 3.0, 0.5), ("gaussian", 40.0, 0.5),
     ("gaussian", 100.0, 1.0), ("gaussian", 40.0, 0.0), ("laplace", 0.5, 0.1),

@@ -126,6 +126,7 @@ def test_string_classes(frame):
         DPLogisticRegression(classes=["maybe", "no"], random_state=0).fit(X[["income"]], labels)
 
 
+@pytest.mark.slow
 def test_raw_dataframe_with_a_schema(frame):
     """With a schema the estimator takes the raw frame (text column, missing cells) as
     beam_dp.train(frame, schema=...) does, and predicts from a raw frame."""
@@ -270,6 +271,7 @@ def test_islr_default_non_private_reference(islr_default):
     assert exact > majority + 0.005   # 0.9737: the task has signal beyond the majority class
 
 
+@pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason=(
     "At epsilon = 1 with default options (dpgd, averaged iterates; measured at the earlier 100 "
     "steps, and still failing at the 300 of noisy_gd.default_max_steps) the model ranks well "
@@ -283,6 +285,7 @@ def test_islr_default_beats_majority_at_epsilon_1_with_defaults(islr_default):
     assert all(a > majority for a in accuracies), accuracies
 
 
+@pytest.mark.slow
 def test_islr_default_beats_majority_with_more_steps(islr_default):
     """Not the defaults: shows the private pipeline can beat the majority class at epsilon = 1
     with a step budget a user can afford on 7,000 rows."""

@@ -115,6 +115,7 @@ def test_auto_skips_scaling_where_the_quantiles_cannot_resolve_the_range(tmp_pat
     assert model.artifact.get("feature_transform") is None
 
 
+@pytest.mark.slow
 def test_beam_and_local_give_the_same_scaled_model(tmp_path):
     g = np.random.default_rng(3)
     n = 3000

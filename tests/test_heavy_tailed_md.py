@@ -225,6 +225,7 @@ def test_without_noise_it_converges_to_the_constrained_erm(monkeypatch):
     assert gaps[-1] >= -1e-9   # the ERM over the ball is the minimum
 
 
+@pytest.mark.slow
 def test_it_beats_clipped_dpsgd_on_student_t_labels():
     """The issue's "done when": y = <w*, z> + Student-t(2.5) noise, squared loss over an l_p
     ball, epsilon 1. Here z in {-1, 1}^1000, w* = 3 e_1 (sparse: the l_p geometry with p = 1.1

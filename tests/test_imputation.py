@@ -89,6 +89,7 @@ def test_the_released_median_is_within_the_mechanisms_rank_error_and_predict_app
                                filled, rtol=0, atol=0)
 
 
+@pytest.mark.slow
 def test_the_released_mean_is_within_its_laplace_noise_of_the_clipped_mean(tmp_path):
     table, x2 = _table(seed=1)
     low, high = 0.0, 1000.0
@@ -189,6 +190,7 @@ def test_the_training_transform_fills_before_scaling_and_records_the_fill():
     np.testing.assert_allclose(again(block).features, expected, rtol=0, atol=1e-15)
 
 
+@pytest.mark.slow
 def test_beam_and_local_release_the_same_fills(tmp_path):
     table, _ = _table(3000, seed=5)
     common = dict(input=_write(table, tmp_path), label_column="y", model="linear",

@@ -208,6 +208,7 @@ def _beam_train(tmp_path, files: dict) -> subprocess.CompletedProcess:
         capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["first_file", "second_file"])
 def test_bad_cell_on_beam_prints_our_line_and_no_value(tmp_path, where):
     """First file: the column must stay a feature (no silent drop), so the worker stops. Second
@@ -226,6 +227,7 @@ def test_bad_cell_on_beam_prints_our_line_and_no_value(tmp_path, where):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_bad_label_on_beam_prints_file_and_row_only(tmp_path):
     r = _beam_train(tmp_path, {"p1.csv": _csv_text(n=150, seed=1),
                                "p2.csv": _csv_text(n=150, seed=2, cells={(40, "label"): "0.73125"})})
@@ -236,6 +238,7 @@ def test_bad_label_on_beam_prints_file_and_row_only(tmp_path):
     assert "73125" not in r.stderr and "73125" not in r.stdout
 
 
+@pytest.mark.slow
 def test_ragged_row_on_beam_prints_file_and_row(tmp_path):
     r = _beam_train(tmp_path, {"p1.csv": _csv_text(n=150, seed=1),
                                "p2.csv": _csv_text(n=150, seed=2,

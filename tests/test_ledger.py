@@ -508,6 +508,7 @@ def test_racing_runs_never_overspend(url, tmp_path):
         assert ledger.explain("d", "p").spent_epsilon <= 1.8
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["run", "reserve"])
 def test_racing_the_same_release_charges_once(url, tmp_path, mode):
     with open_ledger(url) as ledger:
@@ -523,6 +524,7 @@ def test_racing_the_same_release_charges_once(url, tmp_path, mode):
         assert [(c.release_id, c.status) for c in ledger.charges("d")] == [("same", COMMITTED)]
 
 
+@pytest.mark.slow
 def test_a_killed_run_frees_its_release(url, tmp_path):
     with open_ledger(url) as ledger:
         ledger.set_budget("d", 10.0, 1e-5)

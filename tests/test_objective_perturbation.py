@@ -606,6 +606,7 @@ def test_a_public_n_below_the_row_count_is_refused_before_the_solve():
 # ============================================================== 7. local and Beam
 
 
+@pytest.mark.slow
 def test_local_and_beam_runners_give_the_same_model(tmp_path):
     """Same seed, same files: the runners sum the blocks' gradients in other orders, so the
     iterates may differ by rounding, which the passes can amplify; but both runs certify

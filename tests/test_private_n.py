@@ -243,6 +243,7 @@ class _PreprocessOnly:
                                 {"value": self.n}, pre)
 
 
+@pytest.mark.slow
 def test_theory_variant_derives_the_feature_bound_privately_and_reports_the_clipping(monkeypatch):
     # Without --feature-norm the theory variant no longer clips to 1.0: R is an exponential-
     # mechanism quantile of the row norms aiming at k_R = (2/eps_R) ln(G n) rows above it

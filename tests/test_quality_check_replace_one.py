@@ -79,6 +79,7 @@ def _check_ledger(model, target=1.0):
     return check
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FAST)
 def test_classifier_check_within_the_target_good_not_flagged_useless_flagged(name):
     """A good model (make-data's binary task, 4000 rows, epsilon 1) is judged better; labels the
@@ -139,6 +140,7 @@ def test_heavy_tailed_md_check_good_not_flagged_useless_flagged():
         assert len(caught) == 1 and "not better than a constant" in str(caught[0].message)
 
 
+@pytest.mark.slow
 def test_bias_reduced_sgd_check_within_the_target_and_flags_its_useless_model():
     """bias-reduced-sgd at 4000 rows and epsilon 1 (a few steps fit): its model is no better
     than the majority class, and the check says so; its steps are planned with the check's
@@ -152,6 +154,7 @@ def test_bias_reduced_sgd_check_within_the_target_and_flags_its_useless_model():
     assert params["planned_epsilon"] == pytest.approx(model.privacy_report["epsilon"], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_bias_reduced_sgd_good_model_is_not_flagged():
     """Its good setting (test_bias_reduced_train's: 20,000 rows, epsilon 8; ~7 s): judged
     better."""

@@ -58,6 +58,7 @@ def test_the_quick_start_is_near_the_top_and_the_readme_short():
     assert "beam-dp train" in top and "beam-dp predict" in top
 
 
+@pytest.mark.slow
 def test_quick_start_writes_a_model_a_report_and_predictions(quick_start):
     with open(quick_start / "customers.csv", newline="") as f:
         rows = list(csv.DictReader(f))

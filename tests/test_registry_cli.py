@@ -173,6 +173,7 @@ def test_a_switch_whose_default_depends_on_other_options_shows_no_default(run, m
         assert "(default:" not in entry, (argv, entry)
 
 
+@pytest.mark.slow
 def test_python_dash_m_runs_the_command():
     """``python -m beam_dp.cli ...`` (how the module is run without the console script) did
     nothing and exited 0: the module had no __main__ guard."""
@@ -380,6 +381,7 @@ def _train_dpgd(run, inputs, output, *extra, steps=20):
                "--epsilon", "1", "--num-examples", "2000", "--seed", "5", "--steps", steps, *extra)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("runner", ["local", "FnApiRunner"])
 def test_unquoted_glob_trains_on_every_file(run, tmp_path, shards, runner):
     """`--input a.parquet b.parquet c.parquet` (a glob the shell expanded) gives the model of the
@@ -506,6 +508,7 @@ def test_skew_cases_cover_every_registered_algorithm():
     assert {case[1] for case in SKEW_CASES} == set(ALGORITHMS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", SKEW_CASES, ids=[c[0] for c in SKEW_CASES])
 def test_predict_applies_the_map_training_applied(run, tmp_path, shards, case):
     """Issue 8, item 7: train and predict through the CLI with the algorithm's defaults; model.json

@@ -663,6 +663,7 @@ def regression_data(tmp_path_factory):
     ("dpgd", ["--max-steps", 20, "--steps-per-job", 10, "--num-examples", 4000,
               "--clip-norm", 5.0]),
 ])
+@pytest.mark.slow
 def test_linear_models_agree_on_local_and_beam_runners(tmp_path, cli, regression_data,
                                                         algorithm, extra):
     common = ["--input", regression_data["glob"], "--model", "linear", "--algorithm", algorithm,

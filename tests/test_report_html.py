@@ -197,6 +197,7 @@ def _browser(binary: str, profile: str, *flags) -> subprocess.CompletedProcess:
                           env={**os.environ, "TMPDIR": profile})
 
 
+@pytest.mark.slow
 def test_report_renders_in_a_browser_as_a_reader_sees_it(trained, tmp_path, short_tmp):
     binary = _chromium()
     if binary is None:

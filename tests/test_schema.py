@@ -208,6 +208,7 @@ def test_a_drop_policy_leaves_rows_out_of_training_and_of_prediction(tmp_path):
     assert all((p is None) == bool(np.isnan(v)) for p, v in zip(predicted, x2))
 
 
+@pytest.mark.slow
 def test_beam_and_local_agree_with_drops_and_indicators(tmp_path):
     """Beam's count cannot come from Parquet footers when rows are dropped: the private count
     and the model must match the local runner's."""

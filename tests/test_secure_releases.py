@@ -515,6 +515,7 @@ def test_bernoulli_exp_has_the_exact_probability(gamma):
     assert stats.bernoulli_exp(g, Fraction(0))   # exp(0) = 1: always
 
 
+@pytest.mark.slow
 def test_exact_exponential_mechanism_has_the_exponential_mechanisms_law():
     """30,000 draws over 6 candidates against P(i) proportional to exp(eps u_i / 2): a
     chi-square goodness-of-fit at ALPHA (a sampler off by a few percent in any cell fails)."""
@@ -610,6 +611,7 @@ def test_secure_clipped_mean_is_exact_bounded_and_noised_on_its_grid():
     assert release[3]["noise"].startswith("discrete Gaussian on exact integer sums")
 
 
+@pytest.mark.slow
 def test_secure_adaptive_mean_accuracy_matches_float():
     """DPSGD-F's theory preprocessing (the adaptive mean: exponential-mechanism medians and
     radius, then the clipped mean), secure against float over 80 seeds each: the same mean
@@ -650,6 +652,7 @@ def test_secure_count_stage_is_a_discrete_laplace_count():
 # ============================================================== 5. beam-dp stats, end to end
 
 
+@pytest.mark.slow
 def test_beam_dp_stats_secure_gives_the_same_report_on_local_and_beam(tmp_path, cli):
     rng = np.random.default_rng(20)
     import pyarrow as pa

@@ -220,6 +220,7 @@ def test_master_bound_holds_on_every_draw(d):
         assert excess <= bound, (excess, bound)
 
 
+@pytest.mark.slow
 def test_linf_projection_beats_the_euclidean_one_at_large_d():
     """At d = 10^6 (n = 10^4, s = 10, epsilon = 1): the l_inf projection's excess risk is at least
     5x below the Euclidean projection's (measured 0.040 against 0.264); both spend the same

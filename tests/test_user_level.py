@@ -122,6 +122,7 @@ def _train(pattern, **kw):
     return beam_dp.train(**args)
 
 
+@pytest.mark.slow
 def test_user_level_run_in_process_and_on_beam(user_table):
     pattern, d = user_table
     local = _train(pattern, runner="local")

@@ -10,6 +10,10 @@ and states then cross process boundaries over gRPC, as on a distributed runner.
 
 The pool starts its workers as plain ``python`` from PATH, so PATH must lead to the virtualenv's
 interpreter (the one that can import apache_beam and beam_dp); the fixture arranges that.
+
+The fixture and the runner are tests/test_cluster_execution.py's (the same model on external
+worker processes, every kind of stage); one pool serves a module's tests (each counts the
+workers it started from the log's new lines).
 """
 from __future__ import annotations
 
@@ -22,9 +26,7 @@ import sys
 import threading
 import time
 
-import numpy as np
 import pytest
-from conftest import SMALL_N, model_theta
 
 from beam_dp.cli import main
 
@@ -65,8 +67,8 @@ def _stop(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-@pytest.fixture
-def worker_pool(tmp_path):
+@pytest.fixture(scope="module")
+def worker_pool(tmp_path_factory):
     """A running worker pool; yields (its address, the path of its log)."""
     env = dict(os.environ)
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
@@ -78,7 +80,7 @@ def worker_pool(tmp_path):
                    capture_output=True, timeout=60)
 
     port = _free_port()
-    log_path = tmp_path / "worker_pool.log"
+    log_path = tmp_path_factory.mktemp("worker-pool") / "worker_pool.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "apache_beam.runners.worker.worker_pool_main",
@@ -109,33 +111,3 @@ def _run_with_timeout(argv: list[str]) -> int:
         raise result["error"]
     return result["rc"]
 
-
-@pytest.mark.slow
-@pytest.mark.parametrize("algorithm, jobs", [("dpsgd", 1), ("dpgd", 2)])
-def test_training_on_external_worker_processes_matches_local_runner(tmp_path, worker_pool, small_binary,
-                                                                    algorithm, jobs):
-    address, pool_log = worker_pool
-    # dpsgd: one job writes the batches of all 4 steps, which then run on the driver. dpgd: 4
-    # full-batch steps, 2 per job: two jobs, so the state also crosses a job boundary. A given
-    # noise multiplier (rather than --epsilon) skips the calibration, not under test here.
-    train = ["train", "--input", small_binary["train_glob"], "--algorithm", algorithm,
-             "--noise-multiplier", "1.0", "--num-examples", str(SMALL_N),
-             "--steps", "4", "--steps-per-job", "2", "--batch-rows", "400", "--seed", "1234"]
-    if algorithm == "dpsgd":
-        train += ["--batch-size", "300"]
-
-    assert _run_with_timeout(train + ["--output", str(tmp_path / "local"), "--runner", "local"]) == 0
-    assert _run_with_timeout(train + [
-        "--output", str(tmp_path / "portable"),
-        "--runner", "PortableRunner", "--job_endpoint", "embed",
-        "--environment_type", "EXTERNAL", "--environment_config", address,
-        "--temp_location", str(tmp_path / "temp")]) == 0
-
-    # The bundles ran in worker processes that the pool started (one per job), not here; the
-    # private quality check (on by default) is one more job after training.
-    log = pool_log.read_text(errors="replace")
-    assert log.count("Starting worker with command") == jobs + 1, log
-
-    local, portable = model_theta(tmp_path / "local"), model_theta(tmp_path / "portable")
-    assert np.linalg.norm(local) > 0
-    assert np.linalg.norm(portable - local) <= 1e-6 * np.linalg.norm(local), (portable, local)
