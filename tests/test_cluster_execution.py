@@ -156,33 +156,18 @@ FULL_BATCH = ("dpgd", "ssp")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", SECURE)
-def test_secure_noise_gives_the_same_model_bits_on_any_bundling(tmp_path, cli, request, beam_jobs,
-                                                                 name):
-    """Same seed, other bundles: the in-process runner with two worker threads (each step's input
-    split between them) still gives the local runner's model, bit for bit; for full-batch DP-GD
-    and SSP also with other blocks (--batch-rows; DP-SGD's Poisson samples and DP-AMBSSGD's
-    blocks are drawn per block, so their blocks must stay those the seed drew them for)."""
-    dataset, extra = EQUIVALENCE[name]
-    source = request.getfixturevalue(dataset)
-    common = ["train", "--input", source["glob"], "--epsilon", 2.0, "--seed", 99, *extra,
-              "--noise", "secure"]
-    assert cli(*common, "--output", tmp_path / "local", "--batch-rows", BATCH_ROWS, *LOCAL).code == 0
-    rows = BATCH_ROWS // 3 if name in FULL_BATCH else BATCH_ROWS
-    r = cli(*common, "--output", tmp_path / "beam", "--batch-rows", rows, *BEAM,
-            "--direct_num_workers", 2, "--direct_running_mode", "multi_threading")
-    assert r.code == 0, r
-    report = read_json(tmp_path / "local" / "privacy_report.json")
-    assert report["mechanisms"][-1]["noise"].startswith("discrete Gaussian on exact integer sums")
+def test_secure_noise_is_the_default_and_float_noise_says_so(tmp_path, cli, binary):
+    """The same run without --noise is --noise secure's model; --noise float is numpy's float
+    noise on float sums, said so in the report (the default's rule is one place for every
+    algorithm: ``beam_dp.secure_noise``)."""
+    common = ["train", "--input", binary["glob"], "--epsilon", 2.0, "--seed", 99, "--algorithm",
+              "dpgd", "--steps", 6, "--batch-rows", BATCH_ROWS, *LOCAL]
+    assert cli(*common, "--noise", "secure", "--output", tmp_path / "secure").code == 0
+    report = read_json(tmp_path / "secure" / "privacy_report.json")
     assert report["mechanisms"][0]["name"] == "discrete_laplace_count"
-    np.testing.assert_array_equal(model_theta(tmp_path / "beam"), model_theta(tmp_path / "local"))
-    # Secure noise is the default: the same run without --noise is the same model.
-    assert cli(*common[:-2], "--output", tmp_path / "default", "--batch-rows", BATCH_ROWS,
-               *LOCAL).code == 0
-    np.testing.assert_array_equal(model_theta(tmp_path / "default"), model_theta(tmp_path / "local"))
-    # --noise float: numpy's float noise on float sums, said so in the report.
-    assert cli(*common[:-2], "--noise", "float", "--output", tmp_path / "float", "--batch-rows",
-               BATCH_ROWS, *LOCAL).code == 0
+    assert cli(*common, "--output", tmp_path / "default").code == 0
+    np.testing.assert_array_equal(model_theta(tmp_path / "default"), model_theta(tmp_path / "secure"))
+    assert cli(*common, "--noise", "float", "--output", tmp_path / "float").code == 0
     assert read_json(tmp_path / "float" / "privacy_report.json")["mechanisms"][-1]["noise"] == \
         "float Gaussian (numpy) on float sums"
 
@@ -197,14 +182,23 @@ def test_equivalence_covers_every_registered_algorithm_and_variant():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(EQUIVALENCE))
 def test_same_seed_same_model_on_local_and_beam(tmp_path, cli, request, beam_jobs, name):
+    """Same seed, local and Beam runners, the same model. With secure noise (SECURE) the Beam run
+    also takes other bundles: two worker threads (each step's input split between them) and, for
+    full-batch DP-GD and SSP, other blocks (--batch-rows; DP-SGD's Poisson samples and
+    DP-AMBSSGD's blocks are drawn per block, so their blocks stay those the seed drew them for),
+    and still gives the local runner's model, bit for bit."""
     dataset, extra = EQUIVALENCE[name]
     source = request.getfixturevalue(dataset)
     common = ["train", "--input", source["glob"], "--epsilon", EPSILON.get(name, 2.0), "--seed", 20261123,
-              "--batch-rows", BATCH_ROWS, *extra, *(["--noise", "secure"] if name in SECURE else [])]
-    r = cli(*common, "--output", tmp_path / "local", *LOCAL)
+              *extra, *(["--noise", "secure"] if name in SECURE else [])]
+    r = cli(*common, "--batch-rows", BATCH_ROWS, "--output", tmp_path / "local", *LOCAL)
     assert r.code == 0, r
     assert beam_jobs == []
-    r = cli(*common, "--output", tmp_path / "beam", *BEAM)
+    bundles = ["--batch-rows", BATCH_ROWS]
+    if name in SECURE:
+        bundles = ["--batch-rows", BATCH_ROWS // 3 if name in FULL_BATCH else BATCH_ROWS,
+                   "--direct_num_workers", 2, "--direct_running_mode", "multi_threading"]
+    r = cli(*common, *bundles, "--output", tmp_path / "beam", *BEAM)
     assert r.code == 0, r
     # Parquet: n from the footers (no count job); batches fixed in advance: one batch job.
     kinds = [j["kind"] for j in beam_jobs]
@@ -218,6 +212,8 @@ def test_same_seed_same_model_on_local_and_beam(tmp_path, cli, request, beam_job
     if name in SECURE:
         # Secure noise: exact integer sums, so the same model to the bit.
         np.testing.assert_array_equal(beam, local)
+        report = read_json(tmp_path / "local" / "privacy_report.json")
+        assert report["mechanisms"][-1]["noise"].startswith("discrete Gaussian on exact integer sums")
     else:
         np.testing.assert_allclose(beam, local, rtol=1e-9, atol=1e-12 * np.abs(local).max())
     reports = [read_json(tmp_path / r / "privacy_report.json") for r in ("local", "beam")]
