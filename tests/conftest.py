@@ -45,7 +45,8 @@ LONGEST_FIRST = ("test_airflow_dag.py::", "test_same_model_on_external_worker_pr
 
 def pytest_collection_modifyitems(config, items):
     if _run_slow(config):
-        if getattr(config.option, "numprocesses", None):
+        # (xdist's workers collect, and the controller schedules in their order)
+        if os.environ.get("PYTEST_XDIST_WORKER"):
             # Longest first, then the rest of the slow tier, then the fast tests (a stable sort:
             # file order within each group). --dist worksteal keeps each worker's first tests.
             items.sort(key=lambda item: (not any(k in item.nodeid for k in LONGEST_FIRST),
