@@ -701,14 +701,8 @@ def file_input(input, runner, pipeline_args, loss, label_column, feature_columns
     read = label_column if read_label else None
     if runner == LOCAL:
         from beam_dp.local import LocalAggregator
-        if opener is None:
-            blocks = data.load_blocks(files, read, columns, loss, batch_rows, encoding, user_column)
-        else:   # (data.load_blocks reads the file system)
-            blocks = [b for shard in data.plan_shards(files, batch_rows, opener)
-                      for b in data.blocks_from_shard(shard, read, columns, loss, batch_rows, opener,
-                                                      encoding, user_column)]
-            if not blocks:
-                raise data.DataError(f"{', '.join(files)}: the input has no rows")
+        blocks = data.load_blocks(files, read, columns, loss, batch_rows, encoding, user_column,
+                                  opener=open_file)
         if bounding is not None:   # every user's rows bounded and in one block (one sort)
             blocks = user_level.group_by_user(blocks, bounding.max_rows, batch_rows)
         return files, columns, LocalAggregator(blocks), encoding

@@ -572,10 +572,13 @@ def _encoded(encoding, numeric: np.ndarray, batch: pa.RecordBatch, path: str):
 
 def load_blocks(files: Sequence[str], label_column: str | None, feature_columns: Sequence[str],
                 loss: losses_mod.GlmLoss, batch_rows: int = DEFAULT_BATCH_ROWS,
-                encoding=None, user_column: str | None = None) -> list[Block]:
-    blocks = [b for shard in plan_shards(files, batch_rows)
+                encoding=None, user_column: str | None = None,
+                opener: Callable[[str], BinaryIO] = open_local) -> list[Block]:
+    """Every block of ``files``, in-process (``opener``: where the files are read from, e.g. a
+    DataFrame's in-memory file, ``beam_dp.frames``)."""
+    blocks = [b for shard in plan_shards(files, batch_rows, opener)
               for b in blocks_from_shard(shard, label_column, feature_columns, loss, batch_rows,
-                                         encoding=encoding, user_column=user_column)]
+                                         opener, encoding=encoding, user_column=user_column)]
     if not blocks:
         raise DataError(f"{', '.join(files)}: the input has no rows")
     return blocks
