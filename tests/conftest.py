@@ -38,19 +38,8 @@ def _run_slow(config) -> bool:
     return bool(config.getoption("--run-slow")) or bool(os.environ.get("CI"))
 
 
-# The longest tests (a minute or more each on 2 cores), started first when pytest-xdist spreads
-# the slow tier over processes: a long test started last would leave one core working alone.
-LONGEST_FIRST = ("test_airflow_dag.py::", "test_same_model_on_external_worker_processes[")
-
-
 def pytest_collection_modifyitems(config, items):
     if _run_slow(config):
-        # (xdist's workers collect, and the controller schedules in their order)
-        if os.environ.get("PYTEST_XDIST_WORKER"):
-            # Longest first, then the rest of the slow tier, then the fast tests (a stable sort:
-            # file order within each group). --dist worksteal keeps each worker's first tests.
-            items.sort(key=lambda item: (not any(k in item.nodeid for k in LONGEST_FIRST),
-                                         "slow" not in item.keywords))
         return
     skip = pytest.mark.skip(reason="slow: run with --run-slow or CI=true")
     for item in items:
