@@ -678,7 +678,7 @@ def file_input(input, runner, pipeline_args, loss, label_column, feature_columns
         if not files:   # input=[] or "" (list_files of "" matches nothing without an error)
             raise data.DataError("no input files given")
         if runner == LOCAL:
-            open_file = data.open_local
+            open_file = data.open_input
         else:
             from beam_dp.beam.transforms import open_file
     categorical = dict(categorical or {})

@@ -31,6 +31,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import scipy.sparse as sp
 
+from beam_dp import storage
+
 HASH_NAME = "beam-dp-poly64-v1"   # recorded in model.json: predict refuses a hash it lacks
 MAX_HASH_BUCKETS = 1 << 28
 # Multiplier of the polynomial string hash, and splitmix64's constants (Steele, Lea & Flood,
@@ -416,8 +418,7 @@ def read_vocabulary(path, columns: Sequence[str]) -> tuple:
         raw, path = path, "the schema's vocabulary"
     else:
         try:
-            with open(path, encoding="utf-8") as f:
-                raw = json.load(f)
+            raw = json.loads(storage.read_text(path))
         except FileNotFoundError:
             raise EncodingError(f"{path}: vocabulary file not found") from None
         except (OSError, ValueError) as e:

@@ -20,7 +20,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import scipy.sparse as sp
 
-from beam_dp import categorical, user_level
+from beam_dp import categorical, storage, user_level
 from beam_dp import losses as losses_mod
 from beam_dp.block import Block
 
@@ -73,8 +73,12 @@ def list_files(pattern: str) -> list[str]:
     return sorted(set(files))
 
 
-def open_local(path: str) -> BinaryIO:
-    # pyarrow does not decompress a file object by itself; an input stream does, by extension.
+def open_input(path: str) -> BinaryIO:
+    """A reader of an input file on any file system (``beam_dp.storage``), a .gz one
+    decompressed: pyarrow does not decompress a file object by itself."""
+    if storage.is_remote(path):
+        f = storage.open_read(path)
+        return pa.CompressedInputStream(f, "gzip") if path.endswith(".gz") else f
     return pa.input_stream(path) if path.endswith(".gz") else open(path, "rb")
 
 
@@ -82,7 +86,7 @@ def _numeric(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
 
 
-def read_schema(path: str, opener: Callable[[str], BinaryIO] = open_local) -> pa.Schema:
+def read_schema(path: str, opener: Callable[[str], BinaryIO] = open_input) -> pa.Schema:
     """A Parquet file's declared schema; for CSV, the header's names, every column float64.
 
     CSV columns are numbers by declaration: nothing is inferred from the cells, since a type
@@ -128,7 +132,7 @@ def _csv_header(path: str, f: BinaryIO) -> list[str]:
 
 
 def resolve_feature_columns(path: str, label_column: str, feature_columns: Sequence[str] | None,
-                            opener: Callable[[str], BinaryIO] = open_local,
+                            opener: Callable[[str], BinaryIO] = open_input,
                             require_label: bool = True,
                             categorical: Sequence[str] = (), ignore: Sequence[str] = (),
                             text_label: bool = False) -> list[str]:
@@ -289,7 +293,7 @@ def record_batches(path: str, f: BinaryIO, columns: list[str], batch_rows: int,
 
 
 def read_columns(path: str, columns: Sequence[str], batch_rows: int = DEFAULT_BATCH_ROWS,
-                 opener: Callable[[str], BinaryIO] = open_local) -> dict[str, pa.ChunkedArray]:
+                 opener: Callable[[str], BinaryIO] = open_input) -> dict[str, pa.ChunkedArray]:
     """Columns of one file as they are (predict's id columns): Parquet's declared types, CSV's
     cells as text (no type is guessed from the cells)."""
     columns = list(columns)
@@ -407,7 +411,7 @@ SHARD_BLOCKS = 4
 
 
 def plan_shards(files: Sequence[str], batch_rows: int = DEFAULT_BATCH_ROWS,
-                opener: Callable[[str], BinaryIO] = open_local) -> list["Shard"]:
+                opener: Callable[[str], BinaryIO] = open_input) -> list["Shard"]:
     """The shards of ``files``: CSV files whole; Parquet files cut at row-group boundaries, with
     their row counts from the footer (exact, and no scan). Reads each Parquet footer once."""
     shards = []
@@ -445,7 +449,7 @@ def counted_rows(shards: Sequence["Shard"]) -> int | None:
 
 def blocks_from_file(path: str, label_column: str | None, feature_columns: Sequence[str],
                      loss: losses_mod.GlmLoss, batch_rows: int = DEFAULT_BATCH_ROWS,
-                     opener: Callable[[str], BinaryIO] = open_local,
+                     opener: Callable[[str], BinaryIO] = open_input,
                      encoding=None) -> Iterator[Block]:
     """Reads one file into validated Blocks of at most ``batch_rows`` rows, shard by shard (so
     the blocks are those every runner makes of the file)."""
@@ -456,7 +460,7 @@ def blocks_from_file(path: str, label_column: str | None, feature_columns: Seque
 
 def blocks_from_shard(shard: Shard, label_column: str | None, feature_columns: Sequence[str],
                       loss: losses_mod.GlmLoss, batch_rows: int = DEFAULT_BATCH_ROWS,
-                      opener: Callable[[str], BinaryIO] = open_local,
+                      opener: Callable[[str], BinaryIO] = open_input,
                       encoding=None, user_column: str | None = None) -> Iterator[Block]:
     """Reads one shard into validated Blocks of at most ``batch_rows`` rows.
 
@@ -573,7 +577,7 @@ def _encoded(encoding, numeric: np.ndarray, batch: pa.RecordBatch, path: str):
 def load_blocks(files: Sequence[str], label_column: str | None, feature_columns: Sequence[str],
                 loss: losses_mod.GlmLoss, batch_rows: int = DEFAULT_BATCH_ROWS,
                 encoding=None, user_column: str | None = None,
-                opener: Callable[[str], BinaryIO] = open_local) -> list[Block]:
+                opener: Callable[[str], BinaryIO] = open_input) -> list[Block]:
     """Every block of ``files``, in-process (``opener``: where the files are read from, e.g. a
     DataFrame's in-memory file, ``beam_dp.frames``)."""
     blocks = [b for shard in plan_shards(files, batch_rows, opener)

@@ -147,7 +147,7 @@ def _categorical_aggregator(input, output: str, overwrite: bool, encoding, runne
         raise data.DataError("no input files given")
     report.check_not_inside(output, files)
     if runner == LOCAL:
-        open_file = data.open_local
+        open_file = data.open_input
     else:
         from beam_dp.beam.transforms import open_file   # (Beam's file systems: gs://, s3://)
     data.check_categorical(files[0], data.read_schema(files[0], open_file),
@@ -177,7 +177,7 @@ def release_vocabulary(input: Sequence[str], output: str, *, categorical_columns
     report.check_not_inside(output, files)
     columns = list(categorical_columns)
     data.check_categorical(files[0], data.read_schema(files[0]), columns)
-    counts = vocabulary_release.value_counts(files, columns, data.open_local, batch_rows)
+    counts = vocabulary_release.value_counts(files, columns, data.open_input, batch_rows)
     seed_fixed = seed is not None
     seed = seed if seed is not None else mechanisms.secure_seed()
     vocabulary = vocabulary_release.private_vocabulary(counts, epsilon, delta, seed)

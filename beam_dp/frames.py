@@ -63,7 +63,7 @@ class FrameTable:
         return pa.Table.from_arrays(arrays, names=names)
 
     def open(self, path: str) -> BinaryIO:
-        """The data layer's opener (``data.open_local``'s role) for ``PATH``."""
+        """The data layer's opener (``data.open_input``'s role) for ``PATH``."""
         if path != PATH:
             raise FileNotFoundError(path)
         return pa.BufferReader(self.buffer)

@@ -5,11 +5,9 @@ encoding) and how it is saved and loaded.
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-from beam_dp import data, features, losses, report
+from beam_dp import data, features, losses, report, storage
 from beam_dp.block import Block
 from beam_dp.categorical import Encoding
 
@@ -168,10 +166,13 @@ class Model:
     @classmethod
     def load(cls, path: str) -> "Model":
         """From a directory written by ``save`` or ``beam-dp train``, or a model.json file."""
+        if report.is_output_directory(path):   # (model and report of one published version)
+            found = report.read_outputs(path, ["model.json"], optional=["privacy_report.json"])
+            artifact = report.check_model(found["model.json"], storage.join(path, "model.json"))
+            return cls(artifact, found.get("privacy_report.json"))
         artifact = report.read_model(path)
-        directory = path if os.path.isdir(path) else os.path.dirname(path)
-        privacy_path = os.path.join(directory, "privacy_report.json")
-        privacy = report.read_json(privacy_path) if os.path.exists(privacy_path) else None
+        privacy_path = storage.join(storage.parent(storage.normalize(path)), "privacy_report.json")
+        privacy = report.read_json(privacy_path) if storage.exists(privacy_path) else None
         return cls(artifact, privacy)
 
 

@@ -44,7 +44,7 @@ def validation_metrics(model, validation_files, runner: str | None, batch_rows: 
     """Validation metrics of ``model`` (a ``beam_dp.Model``): computed without noise, so outside
     the guarantee (and said so in the file); never kept in the budget ledger."""
     if runner == "local":
-        open_file = data.open_local
+        open_file = data.open_input
     else:
         from beam_dp.beam.transforms import open_file   # (Beam's file systems: gs://, s3://)
     blocks = (model.feature_map(b) for f in validation_files for b in data.blocks_from_file(

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import scipy.special
 
-from beam_dp import data
+from beam_dp import data, storage
 from beam_dp.model import Model
 from scipy.special import expit
 
@@ -77,22 +77,24 @@ def predict_columns(model: Model, files: Sequence[str], id_columns: Sequence[str
 
 def write_predictions(output: str, columns: dict,
                       before_replace: Callable[[], None] = lambda: None) -> None:
-    """Writes ``columns`` to ``output`` (.csv or .parquet) beside the target under a fresh
-    temporary name (created exclusively, so no one can plant a link there), then renames it: no
-    partial file on failure. ``before_replace`` may raise to abandon the write (an interrupt)."""
-    directory, name = os.path.split(os.path.abspath(output))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=f"-{name}", dir=directory)
+    """Writes ``columns`` to ``output`` (.csv or .parquet) on any file system: made whole in a
+    local scratch file first, then written in one piece (``storage.write_bytes``: a reader finds
+    the old file or the new one, never a part). ``before_replace`` may raise to abandon the
+    write (an interrupt)."""
+    name = storage.basename(output)
+    fd, scratch = tempfile.mkstemp(prefix="beam-dp-predictions-", suffix=f"-{name}")
     os.close(fd)
     try:
-        data.write_table(tmp, columns)
+        data.write_table(scratch, columns)
         before_replace()
-        os.replace(tmp, output)
+        with open(scratch, "rb") as f:   # (our scratch file, not a user's path)
+            content = f.read()
+        storage.write_bytes(storage.normalize(output), content)
     except (OSError, pa.ArrowException) as e:
         reason = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
         raise ValueError(f"cannot write {output}: {reason}") from None
     finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        os.remove(scratch)
 
 
 def _class_column_names(model: Model, classes: int) -> list[str]:

@@ -75,13 +75,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
-import tempfile
 
 import numpy as np
 from dp_accounting import dp_event as events
 
-from beam_dp import accounting, clipping, features, losses, mechanisms, stats, user_level
+from beam_dp import (accounting, clipping, features, losses, mechanisms, stats, storage,
+                     user_level)
 from beam_dp.algorithms import spec
 
 
@@ -294,19 +293,11 @@ def load_saved(directory: str | None, theta: np.ndarray, check: Check) -> np.nda
     (a run resumed after it finished: the data is not read again, nor the release repeated)."""
     if not directory:
         return None
-    path = directory.rstrip("/") + "/" + SAVED
     import json
-    if "://" in directory:
-        from apache_beam.io.filesystems import FileSystems
-        if not FileSystems.exists(path):
-            return None
-        with FileSystems.open(path) as f:
-            saved = json.loads(f.read().decode())
-    else:
-        if not os.path.exists(path):
-            return None
-        with open(path) as f:
-            saved = json.load(f)
+    path = storage.join(directory, SAVED)
+    if not storage.exists(path):
+        return None
+    saved = json.loads(storage.read_bytes(path))
     if saved.get("fingerprint") != _fingerprint(theta, check):
         return None
     return np.asarray(saved["noisy_sums"], dtype=np.float64)
@@ -319,17 +310,7 @@ def save(directory: str | None, theta: np.ndarray, check: Check, noisy: np.ndarr
     import json
     text = json.dumps({"fingerprint": _fingerprint(theta, check),
                        "noisy_sums": [float(v) for v in np.ravel(noisy)]})
-    path = directory.rstrip("/") + "/" + SAVED
-    if "://" in directory:
-        from apache_beam.io.filesystems import FileSystems
-        with FileSystems.create(path) as f:
-            f.write(text.encode())
-        return
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, suffix=".json.tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    storage.write_bytes(storage.join(directory, SAVED), text.encode())
 
 
 def reserve(ledger: accounting.Ledger, loss: losses.GlmLoss, privacy, *, epsilon: float | None,

@@ -6,12 +6,12 @@ import json
 import math
 import os
 import shutil
-import stat
 import tempfile
 
 import numpy as np
 
 from beam_dp import losses as losses_mod
+from beam_dp import publish, storage
 
 TRUST_MODEL = (
     "Central differential privacy. The workers and the driver are trusted and see the raw data; "
@@ -53,20 +53,55 @@ def model_artifact(loss: losses_mod.GlmLoss, theta: np.ndarray, feature_columns,
 
 def read_json(path: str) -> dict:
     try:
-        with open(path) as f:
-            return json.load(f)
+        return _parse(path, storage.read_bytes(path))
     except FileNotFoundError:
         raise ValueError(f"{path}: not found") from None
-    except (OSError, json.JSONDecodeError) as e:
+    except OSError as e:
         raise ValueError(f"{path}: cannot read ({type(e).__name__})") from None
 
 
+def _parse(path: str, content: bytes) -> dict:
+    try:
+        return json.loads(content)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: cannot read ({type(e).__name__})") from None
+
+
+def is_output_directory(path: str) -> bool:
+    """Whether ``path`` names an output directory rather than a file: a local directory, or on
+    an object store (which has no directories) any path not ending in .json."""
+    return storage.is_local_dir(path) if not storage.is_remote(path) else \
+        not path.rstrip("/").endswith(".json")
+
+
+def read_outputs(directory: str, required, optional=()) -> dict[str, dict]:
+    """JSON files of the output directory ``directory``, all of the version its manifest names
+    (``beam_dp.publish``): a reader never mixes a replaced model with the new report. ``optional``
+    names are read when the output has them. One-line ValueError otherwise."""
+    manifest = publish.read_manifest(storage.normalize(directory))
+    if manifest is None:
+        raise ValueError(f"{directory}: not a complete beam-dp output directory (no "
+                         f"{publish.MANIFEST}: not written by beam-dp, or its run did not finish)")
+    missing = [name for name in required if name not in manifest["files"]]
+    if missing:
+        raise ValueError(f"{directory}: no {' or '.join(missing)}")
+    names = list(required) + [name for name in optional if name in manifest["files"]]
+    raw = publish.read(directory, names)
+    return {name: _parse(storage.join(directory, name), raw[name]) for name in names}
+
+
 def read_model(path: str) -> dict:
-    """The artifact of model.json (or of a directory holding one), with a one-line error when it
-    is missing or not a model."""
-    if os.path.isdir(path):
-        path = os.path.join(path, "model.json")
-    artifact = read_json(path)
+    """The artifact of model.json (or of an output directory holding one), with a one-line error
+    when it is missing or not a model."""
+    if is_output_directory(path):
+        artifact = read_outputs(path, ["model.json"])["model.json"]
+        path = storage.join(path, "model.json")
+    else:
+        artifact = read_json(path)
+    return check_model(artifact, path)
+
+
+def check_model(artifact: dict, path: str) -> dict:
     missing = [k for k in ("model", "feature_columns", "coefficients", "intercept") if k not in artifact]
     if missing:
         raise ValueError(f"{path}: not a beam-dp model (missing {', '.join(missing)})")
@@ -185,85 +220,26 @@ def evaluate(loss: losses_mod.GlmLoss, theta: np.ndarray, blocks) -> dict:
     return metrics
 
 
-MARKER = ".beam-dp-output.json"   # in every directory beam-dp writes: what it wrote there
+MARKER = publish.MANIFEST   # in every directory beam-dp writes: what it wrote there
 
 
 def _refuse(path: str, why: str) -> FileExistsError:
     return FileExistsError(f"{path} {why}; nothing was replaced or deleted")
 
 
-def _exists(path: str, overwrite: bool, replaceable: str) -> bool:
-    """False when nothing is at ``path`` (whose nearest existing parent must be a writable
-    directory); True when something is and ``overwrite`` allows considering it; else refused."""
-    if os.path.lexists(path):
-        if not overwrite:
-            raise FileExistsError(f"{path} already exists (pass --overwrite, or overwrite=True in "
-                                  f"Python, to replace {replaceable})")
-        return True
-    parent = os.path.dirname(path)
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
-        raise PermissionError(f"cannot write {path}: {parent} is not a writable directory")
-    return False
-
-
 def check_output_directory(path: str, overwrite: bool) -> None:
-    """Refuses, before any work, an output that exists, unless ``overwrite`` is set and it is a
-    directory beam-dp wrote holding only what beam-dp wrote there (its marker lists that). A
-    file, a device, a link or a directory with anything else is never replaced."""
-    path = os.path.abspath(path)
-    _check_not_in_an_output(path)
-    if not _exists(path, overwrite, "a directory beam-dp wrote"):
-        return
-    if os.path.islink(path) or not os.path.isdir(path):
-        raise _refuse(path, "is not a directory beam-dp wrote (--overwrite replaces only those)")
-    try:
-        with open(os.path.join(path, MARKER)) as f:
-            written = dict(json.load(f)["files"])
-    except (OSError, ValueError, KeyError, TypeError):
-        raise _refuse(path, f"has no {MARKER} marker, so beam-dp did not write it "
-                            "(--overwrite replaces only directories beam-dp wrote)") from None
-    # Only regular files the marker lists, with the sizes it recorded: a directory, a link, a
-    # file added or changed since (or a marker edited to list a user's file) is not ours.
-    foreign = [name for name in os.listdir(path) if name != MARKER
-               and not _as_written(os.path.join(path, name), written.get(name))]
-    if foreign:
-        raise _refuse(path, f"holds {len(foreign)} entries beam-dp did not write there or that "
-                            "changed since (move them away first)")
-
-
-def _check_not_in_an_output(path: str) -> None:
-    """Refuses an output inside a directory beam-dp wrote: it would become an entry that
-    directory's marker does not list, so that output could no longer be replaced (--overwrite)
-    and a reader of it would find a foreign directory among the released files."""
-    parent = os.path.dirname(path)
-    while True:
-        if os.path.isfile(os.path.join(parent, MARKER)):
-            raise _refuse(path, f"is inside {parent}, an output directory beam-dp wrote: write "
-                                "it elsewhere")
-        up = os.path.dirname(parent)
-        if up == parent:
-            return
-        parent = up
-
-
-def _as_written(path: str, size) -> bool:
-    status = os.lstat(path)
-    return stat.S_ISREG(status.st_mode) and status.st_size == size
-
-
-def _manifest(directory: str) -> dict:
-    """What a job wrote: each regular file's size (the marker's content)."""
-    return {name: os.lstat(os.path.join(directory, name)).st_size
-            for name in sorted(os.listdir(directory))
-            if stat.S_ISREG(os.lstat(os.path.join(directory, name)).st_mode)}
+    """Refuses, before any work, an output that exists unless ``overwrite`` is set and it is a
+    directory beam-dp wrote (``beam_dp.publish.check_output_directory``)."""
+    publish.check_output_directory(path, overwrite)
 
 
 def check_not_inside(output: str, inputs) -> None:
     """Refuses an output directory that holds (or is) one of the job's input files: replacing
     it would delete the data the job just read."""
-    if "://" in output:
+    if storage.is_remote(output):
+        root = storage.normalize(output) + "/"
+        if any(storage.normalize(name).startswith(root) for name in inputs):
+            raise _refuse(output, "holds this job's own input files")
         return
     root = os.path.realpath(output)
     for name in inputs:
@@ -273,29 +249,20 @@ def check_not_inside(output: str, inputs) -> None:
 
 @contextlib.contextmanager
 def atomic_directory(path: str, overwrite: bool = False):
-    """Yields a temporary directory beside ``path`` and renames it to ``path`` only when the block
-    succeeds, so a failed job leaves no partial output. The directory gets a marker listing what
-    was written, which is what ``--overwrite`` later checks (``check_output_directory``)."""
-    path = os.path.abspath(path)
+    """Yields a local scratch directory; when the block succeeds, the files written there are
+    published as the output directory ``path`` on any file system (``beam_dp.publish``: the old
+    version or the new one, never a part), so a failed job leaves no partial output."""
     check_output_directory(path, overwrite)
-    parent = os.path.dirname(path)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=parent)
+    scratch = tempfile.mkdtemp(prefix="beam-dp-output-")   # scratch space, not a user's path
     try:
-        yield tmp
-        with open(os.path.join(tmp, MARKER), "w") as f:
-            json.dump({"written_by": "beam-dp", "files": _manifest(tmp)}, f)
-        check_output_directory(path, overwrite)   # again: it may have changed meanwhile
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if os.path.exists(path):
-        old = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.old-", dir=parent)
-        os.replace(path, os.path.join(old, "previous"))
-        os.replace(tmp, path)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, path)
+        yield scratch
+        files = {}
+        for name in sorted(os.listdir(scratch)):
+            with open(os.path.join(scratch, name), "rb") as f:
+                files[name] = f.read()
+        publish.publish(path, files, overwrite)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 PREDICTION_COLUMNS = ("prediction", "probability")   # softmax: probability_<class> columns
@@ -319,19 +286,23 @@ def check_output_file(path: str, overwrite: bool, id_columns=()) -> None:
         # (a table cannot hold one name twice: it had failed only when writing, after every
         # prediction was made, as "cannot write ...: ArrowInvalid")
         raise ValueError("--id-columns names a column twice")
-    path = os.path.abspath(path)
+    path = storage.normalize(path)
     # A predictions file inside a model's (or any beam-dp) output directory would be a foreign
     # entry there, as an output directory would: that directory could no longer be replaced.
-    _check_not_in_an_output(path)
-    if os.path.isdir(path) and not overwrite:
+    publish.check_not_in_an_output(path)
+    if storage.is_local_dir(path) and not overwrite:
         raise ValueError(f"{path} is a directory: give a predictions file name (.csv or .parquet)")
-    if not _exists(path, overwrite, "a predictions file beam-dp wrote"):
+    if not storage.exists(path):
+        storage.check_writable_parent(path)
         data.file_format(path)   # .csv, .csv.gz or .parquet, before any work
         return
-    if os.path.islink(path) or not os.path.isfile(path):
+    if not overwrite:
+        raise FileExistsError(f"{path} already exists (pass --overwrite, or overwrite=True in "
+                              "Python, to replace a predictions file beam-dp wrote)")
+    if not storage.is_remote(path) and (os.path.islink(path) or not os.path.isfile(path)):
         raise _refuse(path, "is not a regular file")
     try:
-        columns = data.read_schema(path).names
+        columns = data.read_schema(path, storage.open_read).names
     except data.DataError:
         columns = None
     k = len(id_columns)

@@ -19,8 +19,6 @@ import html
 import io
 import json
 import math
-import os
-import tempfile
 
 import numpy as np
 
@@ -40,69 +38,41 @@ _ACCOUNTANTS = {"pld": "PLD (privacy loss distributions), dp_accounting",
 # ------------------------------------------------------------------------------------- inputs
 
 def read_inputs(directory: str) -> tuple[dict, dict, dict | None]:
-    """(model, privacy report, metrics or None) of a training output directory, or a one-line
-    ValueError naming what is missing."""
-    from beam_dp import report
+    """(model, privacy report, metrics or None) of a training output directory, all of one
+    published version, or a one-line ValueError naming what is missing."""
+    from beam_dp import report, storage
 
-    if not os.path.isdir(directory):
+    if not report.is_output_directory(directory):
         raise ValueError(f"{directory}: not a directory (give a training output directory)")
-    missing = [name for name in INPUTS if not os.path.isfile(os.path.join(directory, name))]
-    if missing:
-        raise ValueError(f"{directory}: no {' or '.join(missing)} (report.html is made from a "
-                         "training output's model.json and privacy_report.json)")
-    model = report.read_model(os.path.join(directory, "model.json"))
-    privacy = report.read_json(os.path.join(directory, "privacy_report.json"))
+    try:
+        found = report.read_outputs(directory, INPUTS, optional=["metrics.json"])
+    except ValueError as e:
+        if "no model.json" in str(e) or "no privacy_report.json" in str(e):
+            raise ValueError(f"{e} (report.html is made from a training output's model.json and "
+                             "privacy_report.json)") from None
+        raise
+    model = report.check_model(found["model.json"], storage.join(directory, "model.json"))
+    privacy = found["privacy_report.json"]
     lacking = [k for k in ("epsilon", "delta", "accountant", "neighbouring", "dp_event")
                if k not in privacy]
     if lacking:
-        raise ValueError(f"{os.path.join(directory, 'privacy_report.json')}: not a training "
+        raise ValueError(f"{storage.join(directory, 'privacy_report.json')}: not a training "
                          f"run's privacy report (missing {', '.join(lacking)})")
-    metrics_path = os.path.join(directory, "metrics.json")
-    metrics = report.read_json(metrics_path) if os.path.isfile(metrics_path) else None
-    return model, privacy, metrics
+    return model, privacy, found.get("metrics.json")
 
 
 def write(directory: str) -> str:
-    """Writes ``directory``/report.html again from the directory's JSON files: to a temporary
-    file beside it, renamed over the old one (never half-written). The directory's beam-dp
-    marker, if any, then lists the new size, so ``--overwrite`` still recognizes the directory
-    as beam-dp's. Returns the path."""
+    """Makes ``directory``/report.html again from the directory's JSON files and publishes the
+    output again with it (``beam_dp.publish``: a reader sees the old version or the new one).
+    Returns the path."""
+    from beam_dp import publish, storage
+
     model, privacy, metrics = read_inputs(directory)
-    text = build(model, privacy, metrics)
-    path = os.path.join(directory, REPORT_HTML)
-    _replace(path, text)
-    _update_marker(directory, os.path.getsize(path))
-    return path
-
-
-def _replace(path: str, text: str) -> None:
-    directory, name = os.path.split(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.tmp-", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)   # as the other outputs (mkstemp makes it 0600)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
-def _update_marker(directory: str, size: int) -> None:
-    from beam_dp import report
-
-    marker = os.path.join(directory, report.MARKER)
-    try:
-        with open(marker) as f:
-            content = json.load(f)
-        files = content["files"]
-        if not isinstance(files, dict):
-            return
-    except (OSError, ValueError, KeyError, TypeError):
-        return   # not a directory beam-dp marked: nothing to keep in step
-    files[REPORT_HTML] = size
-    _replace(marker, json.dumps(content))
+    manifest = publish.read_manifest(storage.normalize(directory))
+    files = publish.read(directory, [n for n in manifest["files"] if n != REPORT_HTML])
+    files[REPORT_HTML] = build(model, privacy, metrics).encode("utf-8")
+    publish.publish(directory, files, overwrite=True)
+    return storage.join(storage.normalize(directory), REPORT_HTML)
 
 
 # ------------------------------------------------------------------------------ column names

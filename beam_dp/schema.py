@@ -42,6 +42,8 @@ import json
 import math
 import sys
 
+from beam_dp import storage
+
 # schema key -> beam_dp.train keyword
 KEYS = {
     "label": "label_column",
@@ -68,8 +70,7 @@ class SchemaError(ValueError):
 def read(path: str) -> dict:
     """The schema file as ``beam_dp.train`` keywords (``id_columns`` is predict's)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            raw = json.load(f)
+        raw = json.loads(storage.read_text(path))
     except FileNotFoundError:
         raise SchemaError(f"{path}: schema file not found") from None
     except (OSError, ValueError) as e:

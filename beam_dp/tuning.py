@@ -670,7 +670,7 @@ def _validation_reader(files, batch_rows):
         encoding = Encoding.from_spec(spec) if spec else None
         return [b for f in files for b in data.blocks_from_file(
             f, source["label_column"], source["feature_columns"], problem.loss, batch_rows,
-            data.open_local, encoding)]
+            data.open_input, encoding)]
     return read
 
 

@@ -27,7 +27,7 @@ def airflow_python() -> Path:
     # The base interpreter, not a venv's packages: Airflow must not see Beam's.
     subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True, timeout=120)
     uv = shutil.which("uv", path=str(Path(sys.executable).parent))
-    command = ([uv, "pip", "install", "--python", str(python), "--compile-bytecode", AIRFLOW]
+    command = ([uv, "pip", "install", "--python", str(python), AIRFLOW]
                if uv else [str(python), "-m", "pip", "install", "--quiet", AIRFLOW])
     install = subprocess.run(command, capture_output=True, text=True, timeout=900)
     if install.returncode != 0:

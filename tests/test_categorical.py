@@ -953,7 +953,7 @@ def test_private_vocabulary_keeps_values_with_pipeline_dps_probabilities(tmp_pat
     b = ["x"] * len(a)
     path = tmp_path / "v.parquet"
     pq.write_table(pa.table({"a": a, "b": b}), path)
-    counts = vocabulary_release.value_counts([str(path)], ["a", "b"], data.open_local, 5000)
+    counts = vocabulary_release.value_counts([str(path)], ["a", "b"], data.open_input, 5000)
     vocabulary = dict(vocabulary_release.private_vocabulary(counts, epsilon, delta, seed=5))
     assert "common" in vocabulary["a"] and vocabulary["b"] == ("x",)
     assert not any(v.startswith("rare-") for v in vocabulary["a"]) and SECRET not in vocabulary["a"]

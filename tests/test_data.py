@@ -58,7 +58,7 @@ def _beam_open_file(path):
     return open_file(path)
 
 
-@pytest.mark.parametrize("opener", [data.open_local, _beam_open_file], ids=["local", "beam"])
+@pytest.mark.parametrize("opener", [data.open_input, _beam_open_file], ids=["local", "beam"])
 @pytest.mark.parametrize("ext", ["parquet", "csv", "csv.gz"])
 def test_blocks_equal_source_arrays(tmp_path, ext, opener):
     """Both runners' file openers (plain files locally, Beam's FileSystems on Beam) read the same."""

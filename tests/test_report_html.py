@@ -125,7 +125,7 @@ def test_report_command_refuses_a_directory_without_a_run(tmp_path, cli):
     (tmp_path / "empty").mkdir()
     result = cli("report", tmp_path / "empty")
     assert result.code == 2
-    assert "no model.json or privacy_report.json" in result.err
+    assert "not a complete beam-dp output directory" in result.err
     assert len(result.err.strip().splitlines()) == 1
     assert not os.path.exists(tmp_path / "empty" / "report.html")
 

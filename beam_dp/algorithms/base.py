@@ -26,11 +26,11 @@ import dataclasses
 import io
 import json
 import math
-import os
-import tempfile
 from typing import Callable, Protocol, Sequence
 
 import numpy as np
+
+from beam_dp import storage
 
 
 @dataclasses.dataclass
@@ -87,54 +87,25 @@ class JobLimitReached(Exception):
     orchestrator that runs one job per invocation)."""
 
 
-def _is_remote(path: str) -> bool:
-    return "://" in path
-
-
 def checkpoint_exists(directory: str) -> bool:
-    path = directory.rstrip("/") + "/state.npz"
-    if _is_remote(directory):
-        # Beam's file systems for gs://, s3://, ... (imported only for them: the numpy core
-        # stays Beam-free for local paths).
-        from apache_beam.io.filesystems import FileSystems
-        return FileSystems.exists(path)
-    return os.path.exists(path)
+    return storage.exists(storage.join(directory, "state.npz"))
 
 
 def save_checkpoint(directory: str, state: TrainState, config: dict, plan: dict) -> None:
-    """Writes the state and the public plan atomically (temporary file, then rename; on a remote
-    file system, where a rename is a copy, the new file replaces the old only once whole)."""
+    """Writes the state and the public plan as one file, atomically on every file system
+    (``storage.write_bytes``: the old checkpoint or the new one, never a part)."""
     buffer = io.BytesIO()
     np.savez(buffer, theta=state.theta, theta_sum=state.theta_sum, step=state.step,
              config=json.dumps(config, sort_keys=True), plan=json.dumps(plan, sort_keys=True))
-    if _is_remote(directory):
-        from apache_beam.io.filesystems import FileSystems
-        tmp, final = directory + "/state.npz.tmp", directory + "/state.npz"
-        with FileSystems.create(tmp) as f:
-            f.write(buffer.getvalue())
-        if FileSystems.exists(final):
-            FileSystems.delete([final])
-        FileSystems.rename([tmp], [final])
-        return
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, suffix=".npz.tmp")
-    with os.fdopen(fd, "wb") as f:
-        f.write(buffer.getvalue())
-    os.replace(tmp, os.path.join(directory, "state.npz"))
+    storage.write_bytes(storage.join(directory, "state.npz"), buffer.getvalue())
 
 
 def load_checkpoint(directory: str, config: dict) -> tuple[TrainState, dict] | None:
     """The saved state and plan, if a checkpoint was written for the same public configuration."""
     if not checkpoint_exists(directory):
         return None
-    path = directory.rstrip("/") + "/state.npz"
-    if _is_remote(directory):
-        from apache_beam.io.filesystems import FileSystems
-        with FileSystems.open(path) as f:
-            source = io.BytesIO(f.read())
-    else:
-        source = path
-    with np.load(source) as z:
+    path = storage.join(directory, "state.npz")
+    with np.load(io.BytesIO(storage.read_bytes(path))) as z:
         if json.loads(str(z["config"])) != json.loads(json.dumps(config, sort_keys=True)):
             raise ValueError(f"{path} was written for a different configuration; "
                              "remove it or use another --checkpoint-dir")

@@ -32,6 +32,7 @@ class _WithoutApitoolsNotice(logging.Filter):
 
 logging.getLogger().addFilter(_WithoutApitoolsNotice())
 
+from beam_dp import storage  # noqa: E402
 from beam_dp.cli import audit, datasets, listing, predict, train, tune  # noqa: E402
 from beam_dp.cli.exit_codes import EXIT_QUALITY  # noqa: E402
 from beam_dp.cli.interrupts import INTERRUPTED, on_interrupt  # noqa: E402
@@ -68,6 +69,8 @@ def build_parser(argv: list[str] | None = None):
 def _parse(top, argv: list[str]):
     args, extra = top.parse_known_args(argv)
     parser = top.command_parsers.get(args.command) or top   # its errors point at its own --help
+    # Beam's file-system flags (S3's endpoint, region, keys) are every command's.
+    args._file_system_flags, extra = storage.split_file_system_flags(extra)
     if args.command in ("train", "audit"):
         refuse_other_algorithms_flags(parser, args.algorithm, extra)
     if extra and args.command not in ("train", "stats"):
@@ -81,6 +84,8 @@ def _parse(top, argv: list[str]):
         parser.error("give --epsilon (the target) or --noise-multiplier")
     if args.command == "tune" and args.epsilon is None:
         parser.error("give --epsilon: the target of the whole tuning, selection included")
+    if args.command in ("train", "stats"):   # a job's workers read and write the files too
+        extra = args._file_system_flags + extra
     return args, extra
 
 
@@ -142,6 +147,7 @@ def _main(argv: list[str]) -> int:
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2
     try:
+        storage.configure(args._file_system_flags)
         return _run(args, extra)
     except KeyboardInterrupt:
         return _interrupted(args)

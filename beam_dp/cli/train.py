@@ -120,6 +120,7 @@ def release_id(args, chosen, input_files, validation_files) -> str:
     """The run's release id (``beam_dp.ledger.runs``: configuration, input snapshot, code): the
     flags that change what is released, not where it is written or how it is run."""
     import beam_dp
+    from beam_dp import report, storage
     from beam_dp.ledger import runs
 
     configuration = {k: v for k, v in vars(args).items() if not k.startswith("_") and k not in (
@@ -136,8 +137,8 @@ def release_id(args, chosen, input_files, validation_files) -> str:
         configuration["command"] = "audit"
     warm_start = getattr(args, "warm_start", None)
     extra = [warm_start] if warm_start else []
-    if warm_start and os.path.isdir(warm_start):
-        extra = [os.path.join(warm_start, "model.json")]
+    if warm_start and report.is_output_directory(warm_start):
+        extra = [storage.join(warm_start, "model.json")]
     snapshot = {"input": runs.input_snapshot(input_files),
                 "validation": runs.input_snapshot(validation_files),
                 "warm_start": runs.input_snapshot(extra)}

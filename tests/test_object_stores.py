@@ -1,0 +1,209 @@
+"""Every path through Beam's file systems, against real GCS and S3 servers on this machine
+(tests/object_stores.py): the storage layer, atomic publishing (a reader polling during 20
+replacements, kill -9 at each step of a publish), and the commands a user runs — train with its
+input, output, checkpoints and warm start on the store, predict reading and writing there,
+--overwrite — with nothing written to the local working directory.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from beam_dp import publish, storage
+
+from object_stores import gcs_server, object_store, s3_server  # noqa: F401  (fixtures)
+
+BIN = Path(sys.executable).parent
+
+
+# ------------------------------------------------------------------------------ the storage layer
+
+def test_bytes_round_trip_list_and_delete(object_store):
+    root = object_store.bucket() + "/a"
+    storage.write_bytes(root + "/b/x.json", b'{"x": 1}')
+    storage.write_bytes(root + "/y.bin", b"\0" * 10)
+    assert storage.read_bytes(root + "/b/x.json") == b'{"x": 1}'
+    assert storage.exists(root + "/y.bin") and not storage.exists(root + "/z")
+    assert storage.list_files(root) == {"b/x.json": 8, "y.bin": 10}
+    storage.write_bytes(root + "/y.bin", b"new")   # replaced in one piece
+    assert storage.read_bytes(root + "/y.bin") == b"new"
+    with pytest.raises(FileNotFoundError, match="z: not found"):
+        storage.read_bytes(root + "/z")
+    storage.delete_tree(root)
+    assert storage.list_files(root) == {}
+
+
+# -------------------------------------------------------------------------------- publishing
+
+def _version(k: int) -> dict[str, bytes]:
+    """A published version whose two files name it (a reader checks they agree)."""
+    return {"model.json": json.dumps({"version": k, "pad": "m" * (1000 * k)}).encode(),
+            "privacy_report.json": json.dumps({"version": k}).encode()}
+
+
+def test_publish_replace_and_overwrite_rules(object_store):
+    out = object_store.bucket() + "/models/day"
+    publish.publish(out, _version(1))
+    assert publish.read(out) == _version(1)
+    assert sorted(storage.list_files(out)) == [publish.MANIFEST, "model.json", "privacy_report.json"]
+    with pytest.raises(FileExistsError, match="already exists"):
+        publish.publish(out, _version(2))
+    publish.publish(out, {"model.json": b"{}"}, overwrite=True)   # a file the new one lacks goes
+    assert sorted(storage.list_files(out)) == [publish.MANIFEST, "model.json"]
+    # Something beam-dp did not write there: never replaced, even with --overwrite.
+    storage.write_bytes(out + "/notes.txt", b"mine")
+    with pytest.raises(FileExistsError, match="did not write"):
+        publish.publish(out, _version(3), overwrite=True)
+    assert storage.read_bytes(out + "/notes.txt") == b"mine"
+    # An output inside an output is refused (it would be a foreign entry of the outer one).
+    with pytest.raises(FileExistsError, match="is inside"):
+        publish.publish(out + "/inner", _version(1))
+
+
+def test_a_reader_polling_during_20_replacements_never_finds_it_missing_or_partial(gcs_server):
+    out = gcs_server.bucket() + "/model"
+    publish.publish(out, _version(0))
+    seen, problems, done = [], [], threading.Event()
+
+    def poll():
+        while not done.is_set():
+            try:
+                files = publish.read(out)
+            except Exception as e:   # noqa: BLE001 - any failure is what the test looks for
+                problems.append(repr(e))
+                continue
+            versions = {json.loads(content)["version"] for content in files.values()}
+            if len(versions) != 1 or set(files) != {"model.json", "privacy_report.json"}:
+                problems.append(f"mixed or partial: {versions}, {sorted(files)}")
+            seen.extend(versions)
+
+    reader = threading.Thread(target=poll)
+    reader.start()
+    try:
+        for k in range(1, 21):
+            publish.publish(out, _version(k), overwrite=True)
+    finally:
+        done.set()
+        reader.join()
+    assert not problems, problems[:5]
+    assert len(set(seen)) > 5 and max(seen) <= 20, sorted(set(seen))   # it did see replacements
+    assert publish.read(out) == _version(20)
+    assert not [n for n in storage.list_files(out) if n.startswith(publish.STAGING)]
+
+
+KILL_SCRIPT = r'''
+import json, os, signal, sys
+from beam_dp import publish, storage
+out, kill_at, version = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+calls = [0]
+real = storage.write_bytes
+def write_bytes(path, content, tmp_dir=None):
+    calls[0] += 1
+    if calls[0] == kill_at:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(path, content, tmp_dir)
+storage.write_bytes = write_bytes
+files = {"model.json": json.dumps({"version": version}).encode(),
+         "privacy_report.json": json.dumps({"version": version}).encode()}
+publish.publish(out, files, overwrite=True)
+print("published", calls[0])
+'''
+
+
+@pytest.mark.slow
+def test_kill_9_at_each_write_of_a_publish_leaves_the_old_or_the_new_version(gcs_server, tmp_path):
+    """A publish of 2 files makes 6 writes (2 staged, the manifest, 2 in place, the manifest):
+    killed before each, the output holds version 1 or 2 whole, and a rerun publishes version 2
+    and removes the dead run's staging prefix."""
+    script = tmp_path / "publish_and_die.py"
+    script.write_text(KILL_SCRIPT)
+    env = gcs_server.subprocess_env()
+    for kill_at in range(1, 7):
+        out = gcs_server.bucket() + "/model"
+        publish.publish(out, _version_small(1))
+        died = subprocess.run([sys.executable, str(script), out, str(kill_at), "2"], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert died.returncode == -signal.SIGKILL, died.stderr[-2000:]
+        versions = {json.loads(c)["version"] for c in publish.read(out).values()}
+        assert versions in ({1}, {2}), (kill_at, versions)
+        rerun = subprocess.run([sys.executable, str(script), out, "0", "2"], env=env,
+                               capture_output=True, text=True, timeout=120)
+        assert rerun.returncode == 0, rerun.stderr[-2000:]
+        assert {json.loads(c)["version"] for c in publish.read(out).values()} == {2}
+        assert not [n for n in storage.list_files(out) if n.startswith(publish.STAGING)], kill_at
+
+
+def _version_small(k: int) -> dict[str, bytes]:
+    return {"model.json": json.dumps({"version": k}).encode(),
+            "privacy_report.json": json.dumps({"version": k}).encode()}
+
+
+def test_a_dead_first_publish_counts_as_no_output(object_store):
+    out = object_store.bucket() + "/model"
+    storage.write_bytes(out + "/" + publish.STAGING + "dead/model.json", b"{}")
+    with pytest.raises(ValueError, match="not a complete beam-dp output"):
+        publish.read(out)
+    publish.publish(out, _version_small(1))   # no --overwrite needed: nothing was published
+    assert sorted(storage.list_files(out)) == [publish.MANIFEST, "model.json", "privacy_report.json"]
+
+
+# ------------------------------------------------------------------------- the user's commands
+
+def _run(store, cwd: Path, *argv, check=True) -> subprocess.CompletedProcess:
+    result = subprocess.run([str(BIN / "beam-dp"), *map(str, argv), *store.flags], cwd=cwd,
+                            env=store.subprocess_env(), capture_output=True, text=True, timeout=600)
+    if check:
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return result
+
+
+@pytest.mark.slow
+def test_train_predict_warm_start_and_overwrite_on_the_store(object_store, tmp_path):
+    """The default command (private count, default flags) on a store: input, output, checkpoints
+    and warm start there; predict reads and writes there; nothing lands in the working
+    directory; --overwrite replaces the model and a second run without it is refused."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    root = object_store.bucket()
+    _run(object_store, cwd, "make-data", "--output", f"{root}/data", "--n", 400, "--d", 3,
+         "--shards", 2, "--seed", 1)
+    inputs = storage.list_files(f"{root}/data")
+    assert any(name.endswith(".parquet") for name in inputs), inputs
+    common = ["--input", f"{root}/data/train-*.parquet", "--epsilon", 1, "--delta", 1e-6,
+              "--algorithm", "dpgd", "--steps", 4, "--steps-per-job", 2]
+    _run(object_store, cwd, "train", *common, "--output", f"{root}/models/day1",
+         "--checkpoint-dir", f"{root}/checkpoints/day1", "--seed", 3)
+    first = publish.read(f"{root}/models/day1")
+    assert {"model.json", "privacy_report.json", "report.html"} <= set(first)
+    assert storage.list_files(f"{root}/checkpoints/day1"), "no checkpoint written to the store"
+
+    # warm start from the store's model
+    _run(object_store, cwd, "train", *common, "--output", f"{root}/models/day2",
+         "--warm-start", f"{root}/models/day1", "--seed", 4)
+    assert publish.read(f"{root}/models/day2", ["model.json"])
+
+    # predict: input and output on the store
+    _run(object_store, cwd, "predict", "--model", f"{root}/models/day2", "--input",
+         f"{root}/data/validation-*.parquet", "--output", f"{root}/predictions.csv")
+    text = storage.read_text(f"{root}/predictions.csv")
+    assert text.splitlines()[0].startswith("prediction") and len(text.splitlines()) > 10
+
+    # --overwrite: refused without it, the model replaced with it
+    refused = _run(object_store, cwd, "train", *common, "--output", f"{root}/models/day1",
+                   "--seed", 5, check=False)
+    assert refused.returncode == 2 and "already exists" in refused.stderr
+    assert publish.read(f"{root}/models/day1") == first
+    _run(object_store, cwd, "train", *common, "--output", f"{root}/models/day1", "--seed", 5,
+         "--overwrite")
+    assert publish.read(f"{root}/models/day1")["model.json"] != first["model.json"]
+
+    assert list(cwd.iterdir()) == [], sorted(p.name for p in cwd.iterdir())
