@@ -689,6 +689,7 @@ def file_input(input, runner, pipeline_args, loss, label_column, feature_columns
         _check_user_column(files[0], open_file, user_column, label_column, feature_columns,
                            categorical.get("categorical_columns"))
         ignore = ignore + [user_column] * (user_column not in ignore)   # a key, never a feature
+    data.check_shards_agree(files, open_file)
     columns = data.resolve_feature_columns(files[0], label_column, feature_columns, open_file,
                                            require_label=read_label, categorical=named,
                                            ignore=ignore,

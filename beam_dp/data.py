@@ -96,7 +96,9 @@ def read_schema(path: str, opener: Callable[[str], BinaryIO] = open_input) -> pa
     try:
         with opener(path) as f:
             if file_format(path) == "parquet":
-                return pq.ParquetFile(f).schema_arrow
+                schema = pq.ParquetFile(f).schema_arrow
+                _refuse_repeated(path, schema.names, "the Parquet file")
+                return schema
             return pa.schema([(name, pa.float64()) for name in _csv_header(path, f)])
     except DataError:
         raise
@@ -124,11 +126,36 @@ def _csv_header(path: str, f: BinaryIO) -> list[str]:
         pass   # pyarrow's message may quote the file's text
     if names is None:
         raise DataError(f"{path}: cannot read a CSV header line (the file is empty or not CSV)")
+    _refuse_repeated(path, names, "the CSV header")
+    return names
+
+
+def _refuse_repeated(path: str, names, where: str) -> None:
     repeated = sorted(name for name, count in collections.Counter(names).items() if count > 1)
     if repeated:
-        raise DataError(f"{path}: the CSV header has more than one column named "
+        raise DataError(f"{path}: {where} has more than one column named "
                         f"{', '.join(repr(n) for n in repeated)}")
-    return names
+
+
+def check_shards_agree(files: Sequence[str], opener: Callable[[str], BinaryIO] = open_input,
+                       ) -> None:
+    """Every input file declares each column of the first one with the same kind of type
+    (numeric, or not): the default feature set is read from the first file's types, and a
+    column numeric in one shard and text in another would otherwise be left out (or refused)
+    depending on which file sorts first. Names the files and columns, never a value."""
+    if len(files) < 2 or file_format(files[0]) != "parquet":
+        return   # CSV columns are all numbers by declaration
+    first = read_schema(files[0], opener)
+    kinds = {f.name: _numeric(f.type) for f in first}
+    for path in files[1:]:
+        schema = read_schema(path, opener)
+        differ = sorted(f.name for f in schema if f.name in kinds and _numeric(f.type) != kinds[f.name])
+        if differ:
+            raise DataError(
+                f"{path} and {files[0]} declare column(s) {', '.join(differ)} with different "
+                "types (a number in one, not in the other): write every shard with the same "
+                "schema, or give the feature columns (--schema / --feature-columns) and fix the "
+                "shards' types")
 
 
 def resolve_feature_columns(path: str, label_column: str, feature_columns: Sequence[str] | None,

@@ -123,6 +123,7 @@ def publish(path: str, files: dict[str, bytes], overwrite: bool = False) -> None
     docstring). Refused before anything is written when ``check_output_directory`` refuses."""
     path = storage.normalize(path)
     check_output_directory(path, overwrite)
+    old = read_manifest(path)
     stage_name = STAGING + uuid.uuid4().hex[:16]
     stage = storage.join(path, stage_name)
     manifest = {"written_by": "beam-dp", "location": stage_name,
@@ -132,8 +133,8 @@ def publish(path: str, files: dict[str, bytes], overwrite: bool = False) -> None
     try:
         for name, content in files.items():
             storage.write_bytes(storage.join(stage, name), content)
-        check_output_directory(path, overwrite)   # again: it may have changed meanwhile
-        old = read_manifest(path)
+        if read_manifest(path) != old:   # another run published it meanwhile
+            raise _refuse(path, "was published by another run while this one wrote")
         storage.write_bytes(storage.join(path, MANIFEST), _json(manifest), tmp_dir=stage)
     except BaseException:
         storage.delete_tree(stage)

@@ -145,5 +145,9 @@ def s3_server(tmp_path_factory):
 
 @pytest.fixture(params=["gs", "s3"])
 def object_store(request):
-    """Each test runs once against each server."""
-    return request.getfixturevalue({"gs": "gcs_server", "s3": "s3_server"}[request.param])
+    """Each test runs once against each server. The S3 flags are given to Beam's file systems
+    again: every Beam pipeline built in this process sets the file systems' options to its own."""
+    store = request.getfixturevalue({"gs": "gcs_server", "s3": "s3_server"}[request.param])
+    from beam_dp import storage
+    storage.configure(store.flags)
+    return store

@@ -280,3 +280,38 @@ def test_input_without_rows(tmp_path):
                                            "label": pa.array([], pa.int64())})
     message = _error(data.load_blocks, [path], "label", ["f0"], LOGISTIC)
     assert path in message
+
+
+@pytest.mark.parametrize("text_first", [True, False], ids=["text-first", "number-first"])
+def test_shards_that_disagree_on_a_column_type_stop_the_run_naming_them(tmp_path, cli, text_first):
+    """One shard declares 'x2' a string, the other a double: whichever sorts first, the run stops
+    naming both files and the column (it used to drop 'x2' from the features when the text shard
+    came first), and no value of the column is shown."""
+    rng = np.random.default_rng(0)
+    n = 200
+    columns = {"x1": rng.normal(size=n), "label": (rng.random(n) < 0.5).astype(float)}
+    text = pa.table({**columns, "x2": pa.array([f"v{i}" for i in range(n)])})
+    number = pa.table({**columns, "x2": rng.normal(size=n)})
+    first, second = (text, number) if text_first else (number, text)
+    pq.write_table(first, tmp_path / "part-0.parquet")
+    pq.write_table(second, tmp_path / "part-1.parquet")
+    r = cli("train", "--input", tmp_path / "part-*.parquet", "--output", tmp_path / "out",
+            "--epsilon", 1, "--algorithm", "dpgd", "--steps", 2, "--runner", "local")
+    assert r.code == 2, r
+    (line,) = r.err.strip().splitlines()
+    assert "part-0.parquet" in line and "part-1.parquet" in line and "x2" in line, line
+    assert "v1" not in line
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_a_parquet_file_with_a_repeated_column_name_is_a_one_line_error(tmp_path, cli):
+    rng = np.random.default_rng(0)
+    table = pa.Table.from_arrays([pa.array(rng.normal(size=50)), pa.array(rng.normal(size=50)),
+                                  pa.array((rng.random(50) < 0.5).astype(float))],
+                                 names=["x", "x", "label"])
+    pq.write_table(table, tmp_path / "dup.parquet")
+    r = cli("train", "--input", tmp_path / "dup.parquet", "--output", tmp_path / "out",
+            "--epsilon", 1, "--algorithm", "dpgd", "--steps", 2, "--runner", "local")
+    assert r.code == 2, r
+    (line,) = r.err.strip().splitlines()
+    assert "more than one column named 'x'" in line, line

@@ -115,3 +115,57 @@ def test_no_module_over_800_lines_without_a_reason():
             if "800 lines" not in docstring:
                 too_long.append(f"{name}: {source.count(chr(10))} lines")
     assert too_long == []
+
+
+# ---------------------------------------------------------------- every path through the storage
+
+# The calls that read, write, list or delete a path directly: outside beam_dp/storage.py and
+# beam_dp/publish.py, a user's path (an output, a model, a checkpoint, a schema, an input) must
+# go through those, or gs:// and s3:// paths would land on the local disk (issue 30).
+DIRECT_FILE_CALLS = {"open", "os.replace", "os.rename", "os.remove", "os.makedirs", "os.listdir",
+                     "shutil.rmtree", "os.path.exists", "os.path.isdir", "os.path.isfile",
+                     "os.path.lexists", "tempfile.mkstemp", "tempfile.mkdtemp"}
+# Files allowed such calls, and why (scratch space of our own, or a path that is local by nature).
+LOCAL_BY_NATURE = {
+    "storage.py": "the storage layer itself",
+    "publish.py": "the publishing protocol; its local-only checks (links, empty directories)",
+    "report.py": "atomic_directory's local scratch directory, published through beam_dp.publish",
+    "predictions.py": "the local scratch file a predictions table is made in before its write",
+    "outputs.py": "writes into atomic_directory's local scratch directory",
+    "synthetic.py": "make-data writes its shards into atomic_directory's local scratch directory",
+    "data.py": "input listing and opening: local globs and files here, remote ones through "
+               "FileSystems (data.open_input, data.list_files)",
+    "beam/aggregator.py": "the job work directory under --temp_location: FileSystems for remote "
+                          "locations, a local one made 0700 (it holds raw rows)",
+    "ledger/core.py": "the SQLite ledger file: a local database by nature",
+    "ledger/sqlite.py": "the SQLite ledger file: a local database by nature",
+    "frames.py": "a DataFrame's in-memory file (its open method)",
+}
+
+
+def _direct_file_calls(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            name = ast.unparse(node.func)
+            if name in DIRECT_FILE_CALLS:
+                found.append(f"{name} (line {node.lineno})")
+    return found
+
+
+def test_every_user_path_goes_through_the_storage_layer():
+    offenders = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE).as_posix()
+        if relative not in LOCAL_BY_NATURE:
+            calls = _direct_file_calls(path)
+            if calls:
+                offenders[relative] = calls
+    assert offenders == {}, offenders
+    assert all((PACKAGE / name).exists() for name in LOCAL_BY_NATURE)
+
+
+def test_the_storage_check_sees_a_direct_open(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("import os\ndef f(p):\n    with open(p) as f:\n        os.replace(p, p)\n")
+    assert _direct_file_calls(module) == ["open (line 3)", "os.replace (line 4)"]

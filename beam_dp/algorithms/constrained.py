@@ -9,12 +9,12 @@ validated, before any data is read: a vertices file is read then (it is small an
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
-import os
 
 import numpy as np
 
-from beam_dp import geometry
+from beam_dp import geometry, storage
 from beam_dp.algorithms.spec import option
 
 
@@ -50,17 +50,21 @@ class ConstraintOptions:
 def _read_vertices(path: str) -> np.ndarray:
     """A k x d array of vertices from .npy, .json (a list of lists) or .csv (no header). Errors
     name the file, never a value in it."""
-    if not os.path.isfile(path):
-        raise ValueError(f"--vertices {path}: no such file")
+    try:
+        content = storage.read_bytes(path)
+    except FileNotFoundError:
+        raise ValueError(f"--vertices {path}: no such file") from None
+    except OSError:
+        raise ValueError(f"--vertices {path}: cannot read") from None
     try:
         if path.endswith(".npy"):
-            values = np.load(path, allow_pickle=False)
+            values = np.load(io.BytesIO(content), allow_pickle=False)
         elif path.endswith(".json"):
-            with open(path) as f:
-                values = np.asarray(json.load(f), dtype=np.float64)
+            values = np.asarray(json.loads(content), dtype=np.float64)
         else:
-            values = np.loadtxt(path, delimiter=",", dtype=np.float64, ndmin=2)
-    except (OSError, ValueError, TypeError, json.JSONDecodeError):
+            values = np.loadtxt(io.StringIO(content.decode("utf-8")), delimiter=",",
+                                dtype=np.float64, ndmin=2)
+    except (OSError, ValueError, TypeError, UnicodeDecodeError, json.JSONDecodeError):
         raise ValueError(f"--vertices {path}: not a numeric table of vertices (one per row)") from None
     values = np.asarray(values, dtype=np.float64)
     if values.ndim != 2 or values.shape[0] < 1:
