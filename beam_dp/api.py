@@ -511,8 +511,8 @@ def _fit(request: _Request, checked: _Checked, read: _Input, problem: spec.Probl
             # A run resumed after it finished finds its check's release beside the checkpoint.
             noisy = quality.load_saved(problem.checkpoint_dir, result.theta, check)
             if noisy is None:
-                stage = check.stage(loss, result.theta, result.feature_transform, run_seed)
-                noisy = aggregator.run_stages([stage], {})[stage.key]
+                stage = check.stage(loss, result.feature_transform, run_seed)
+                noisy = aggregator.run_stages([stage], quality.initial_state(result.theta))[stage.key]
                 quality.save(problem.checkpoint_dir, result.theta, check, noisy)
             verdict = quality.judged(loss, noisy, check, result.dataset_size["value"],
                                      "the training data")

@@ -656,8 +656,9 @@ def _check_chosen(quality, check, loss, model, state: _Data, quality_options, se
     label_range = (model.privacy_report.get("preprocessing") or {}).get("label_range")
     if check.label_bound is not None and label_range and quality_options.quality_label_bound is None:
         check = check.with_label_range(label_range)
-    stage = check.stage(loss, model.theta, model.artifact.get("feature_transform"), seed)
-    noisy = LocalAggregator(state.train).run_stages([stage], {})[stage.key]
+    stage = check.stage(loss, model.artifact.get("feature_transform"), seed)
+    noisy = LocalAggregator(state.train).run_stages([stage], quality.initial_state(model.theta))[
+        stage.key]
     return quality.judged(loss, noisy, check, state.train_size, "the training rows")
 
 

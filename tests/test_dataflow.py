@@ -16,6 +16,7 @@ serialized size is what the limit applies to.
 from __future__ import annotations
 
 import socket
+import time
 
 import numpy as np
 import pytest
@@ -233,3 +234,42 @@ def test_a_flex_template_launch_translates_exactly_one_job(tmp_path, monkeypatch
         outcome = json.loads(status.read_text())
         assert len(submitted) == launches and outcome["launch_again"] and not outcome["finished"]
     assert not (tmp_path / "model").exists()
+
+
+def test_the_quality_check_job_of_a_2_to_the_20_column_model_carries_no_model(tmp_path,
+                                                                              record_property):
+    """The private quality check of a model hashed to 2^20 columns: its coefficients (8 MB) go
+    to the job as a state file, as a training job's state does, not inside the stage; the
+    job's graph then stays far below Dataflow's 10 MB (it was 21.9 MB with the model in the
+    stage)."""
+    from beam_dp import quality
+    from beam_dp.beam.aggregator import STATE_IN_GRAPH_BYTES, _state_bytes
+    from beam_dp.beam.transforms import StateFile
+
+    loss = losses.make_loss("logistic")
+    aggregator = _aggregator(tmp_path, "binary", D, loss)
+    check = quality.Check(1.0, None, "float", None)
+    stage = check.stage(loss, None, SEED)
+    theta = np.random.default_rng(SEED).standard_normal((1, (1 << 20) + 1))
+    state = quality.initial_state(theta)
+    assert _state_bytes(state) > STATE_IN_GRAPH_BYTES   # run_stages sends it as a file
+    pipeline = aggregator.stages_pipeline([stage], StateFile(f"{BUCKET}/tmp/initial-state"),
+                                          RESULT)
+    ours, sent, _ = _dry_run(pipeline, record_property, "quality-check-2^20")
+    assert sent < 1 << 20, sent
+
+
+@pytest.mark.parametrize("algorithm", ["dpsgd", "dpgd"])
+def test_a_dry_run_of_the_default_command_exits_75_without_the_network(tmp_path, cli, algorithm):
+    """`beam-dp train` with DataflowRunner's --dry_run: the first job is translated, the run
+    stops there with exit 75 (as after --max-jobs), and nothing reached for the network (the
+    autouse fixture refuses every connection): a dry run of dpsgd used to exit 2 after 160 s,
+    its cleanup listing gs:// and retrying credentials."""
+    x, y = synthetic.make_dataset("binary", N, D, seed=SEED)
+    synthetic.write_shards(str(tmp_path / "data"), "train", x, y, 2, "parquet")
+    started = time.monotonic()
+    r = cli("train", "--input", tmp_path / "data" / "train-*.parquet", "--output",
+            tmp_path / "out", "--epsilon", 1, "--algorithm", algorithm, *DATAFLOW_ARGS)
+    assert r.code == 75, r
+    assert time.monotonic() - started < 60
+    assert not (tmp_path / "out").exists()

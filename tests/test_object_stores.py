@@ -100,39 +100,39 @@ def test_a_reader_polling_during_20_replacements_never_finds_it_missing_or_parti
     assert not [n for n in storage.list_files(out) if n.startswith(publish.STAGING)]
 
 
-KILL_SCRIPT = r'''
-import json, os, signal, sys
-from beam_dp import publish, storage
-out, kill_at, version = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-calls = [0]
-real = storage.write_bytes
-def write_bytes(path, content, tmp_dir=None):
-    calls[0] += 1
-    if calls[0] == kill_at:
-        os.kill(os.getpid(), signal.SIGKILL)
-    return real(path, content, tmp_dir)
-storage.write_bytes = write_bytes
-files = {"model.json": json.dumps({"version": version}).encode(),
-         "privacy_report.json": json.dumps({"version": version}).encode()}
-publish.publish(out, files, overwrite=True)
-print("published", calls[0])
-'''
+def _publish_and_die(out: str, kill_at: int, files: dict[str, bytes]) -> int:
+    """Publishes ``files`` in a forked child that SIGKILLs itself just before its ``kill_at``-th
+    storage write (what kill -9 leaves: no handler, no cleanup); returns the child's wait
+    status. Forked rather than started: a new interpreter pays Beam's import each time."""
+    pid = os.fork()
+    if pid == 0:   # the child: never returns into pytest
+        try:
+            calls = [0]
+            real = storage.write_bytes
+
+            def write_bytes(path, content, tmp_dir=None):
+                calls[0] += 1
+                if calls[0] == kill_at:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return real(path, content, tmp_dir)
+
+            storage.write_bytes = write_bytes
+            publish.publish(out, files, overwrite=True)
+        finally:
+            os._exit(0)
+    return os.waitpid(pid, 0)[1]
 
 
 @pytest.mark.slow
-def test_kill_9_at_each_write_of_a_publish_leaves_the_old_or_the_new_version(gcs_server, tmp_path):
+def test_kill_9_at_each_write_of_a_publish_leaves_the_old_or_the_new_version(gcs_server):
     """A publish of 2 files makes 6 writes (2 staged, the manifest, 2 in place, the manifest):
     killed before each, the output holds version 1 or 2 whole, and a rerun publishes version 2
     and removes the dead run's staging prefix."""
-    script = tmp_path / "publish_and_die.py"
-    script.write_text(KILL_SCRIPT)
-    env = gcs_server.subprocess_env()
     for kill_at in range(1, 7):
         out = gcs_server.bucket() + "/model"
         publish.publish(out, _version_small(1))
-        died = subprocess.run([sys.executable, str(script), out, str(kill_at), "2"], env=env,
-                              capture_output=True, text=True, timeout=120)
-        assert died.returncode == -signal.SIGKILL, died.stderr[-2000:]
+        status = _publish_and_die(out, kill_at, _version_small(2))
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (kill_at, status)
         versions = {json.loads(c)["version"] for c in publish.read(out).values()}
         assert versions in ({1}, {2}), (kill_at, versions)
         publish.publish(out, _version_small(2), overwrite=True)   # the rerun

@@ -186,11 +186,11 @@ def test_quality_check_moves_by_one_rows_bound_per_user():
     times it (found while adding dpsgd: the sums were per row)."""
     loss = losses.make_loss("logistic", None, 1.0)
     heavy, rest = _heavy_and_rest(3)
-    stage = quality.QualityStage(loss, np.zeros((1, 6)), None, 1.0, 0,
-                                 relation=accounting.USER_ADD_REMOVE)
+    stage = quality.QualityStage(loss, None, 1.0, 0, relation=accounting.USER_ADD_REMOVE)
+    state = quality.initial_state(np.zeros((1, 6)))
     with_user = user_level.group_by_user([rest, heavy], 5000, batch_rows=256)
     without = user_level.group_by_user([rest], 5000, batch_rows=256)
-    a = sum(stage.partial_sum(b, {}) for b in with_user)
-    b = sum(stage.partial_sum(b, {}) for b in without)
+    a = sum(stage.partial_sum(b, state) for b in with_user)
+    b = sum(stage.partial_sum(b, state) for b in without)
     assert 1.0 <= np.linalg.norm(a - b) <= stage.sensitivity * (1 + 1e-9)
     assert b[1:].sum() == pytest.approx(400)   # the class counts count users

@@ -380,7 +380,8 @@ class BeamAggregator:
             with FileSystems.create(FileSystems.join(location, batches.DONE)) as f:
                 f.write(manifest.dumps().encode())
         except BaseException:
-            _delete_tree(location)
+            if not self.options.view_as(TestOptions).dry_run:   # a dry run wrote nothing there
+                _delete_tree(location)
             raise
         return BatchFiles(location, manifest, keep)
 
