@@ -207,3 +207,23 @@ def _matches(content: bytes, manifest: dict, name: str) -> bool:
     if digest is not None:
         return hashlib.sha256(content).hexdigest() == digest
     return len(content) == manifest["files"][name]
+
+
+def latest_before(root: str, before: str, pattern: str = r"\d{4}-\d{2}-\d{2}") -> str | None:
+    """The published output directory ``root/<name>`` with the greatest name that matches
+    ``pattern`` (a date, by default) and sorts before ``before``, holding a model.json: a daily
+    job's newest released model before its date (a released model: starting from it costs no
+    budget). None if there is none. On any file system."""
+    import re
+
+    root = storage.normalize(root)
+    if storage.is_remote(root):
+        names = {_top(name) for name in storage.list_files(root)}
+    else:
+        names = set(os.listdir(root)) if os.path.isdir(root) else set()
+    for name in sorted((n for n in names if re.fullmatch(pattern, n) and n < before),
+                       reverse=True):
+        manifest = read_manifest(storage.join(root, name))
+        if manifest is not None and "model.json" in manifest["files"]:
+            return storage.join(root, name)
+    return None

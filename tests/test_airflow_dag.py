@@ -1,7 +1,8 @@
 """deploy/airflow's DAG, run for real by Airflow: a virtualenv with apache-airflow from PyPI
 (Airflow's dependencies conflict with Beam's, so it cannot share the project's), a migrated
 SQLite metadata database, and `dag.test()` for each date, the task running the project's
-`beam-dp` executable on that date's Parquet partition.
+`beam-dp` executable on that date's Parquet partition. Data, models and checkpoints are on a GCS
+server on this machine (tests/object_stores.py): every path of the DAG is a gs:// URL.
 
 Dates 1-3 train (each from the model of the date before, in two runs of the command: --max-jobs 2
 makes it exit 75 after the count and the first two steps), date 1 again (same release: nothing
@@ -17,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
 import re
 import subprocess
 import sys
@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from airflow_venv import airflow_python
+from object_stores import gcs_server  # noqa: F401  (fixture)
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent   # the project's venv: beam-dp
@@ -35,28 +36,13 @@ TRAIN_ARGS = "--epsilon 1 --delta 1e-6 --algorithm dpgd --steps 4 --steps-per-jo
 
 # Run with the Airflow venv's Python: loads the DAG folder and runs dag.test for each date given,
 # in order and in one process (Airflow's start-up and its in-process API server cost ~9 s each),
-# printing one JSON line per run with the task's state, tries, return value (its XCom) and a digest
-# of the files then under the date's output directory.
+# printing one JSON line per run with the task's state, tries and return value (its XCom).
 DRIVER = r'''
-import datetime, hashlib, json, os, sys
+import datetime, json, sys
 from airflow.models.dagbag import DagBag
 from airflow.models.xcom import XComModel
 from airflow.utils.session import create_session
 from sqlalchemy import select
-
-
-def digest(directory):
-    if not os.path.isdir(directory):
-        return None
-    h = hashlib.sha256()
-    for root, dirs, files in sorted(os.walk(directory)):
-        dirs.sort()
-        for name in sorted(files):
-            path = os.path.join(root, name)
-            h.update(os.path.relpath(path, directory).encode() + b"\0")
-            with open(path, "rb") as f:
-                h.update(hashlib.sha256(f.read()).digest())
-    return h.hexdigest()
 
 
 bag = DagBag()
@@ -70,11 +56,9 @@ for day in sys.argv[1:]:
         xcom = session.scalars(select(XComModel).where(
             XComModel.dag_id == dag.dag_id, XComModel.run_id == run.run_id,
             XComModel.key == "return_value")).first()
-    output = os.path.join(os.environ["BEAM_DP_OUTPUT_ROOT"], day)
     print("RESULT " + json.dumps({"date": day, "run_state": str(run.state), "state": str(ti.state),
                                   "try_number": ti.try_number, "run_id": run.run_id,
-                                  "value": xcom.value if xcom else None,
-                                  "output_digest": digest(output)}), flush=True)
+                                  "value": xcom.value if xcom else None}), flush=True)
 '''
 
 
@@ -90,32 +74,31 @@ def _beam_dp(*argv) -> str:
     return out.getvalue()
 
 
-def _tree(directory: Path) -> dict[str, bytes]:
-    return {p.relative_to(directory).as_posix(): p.read_bytes()
-            for p in sorted(directory.rglob("*")) if p.is_file()}
-
-
 @pytest.mark.slow
-def test_daily_dag_trains_each_partition_once_and_refuses_an_exhausted_one(tmp_path):
+def test_daily_dag_trains_each_partition_once_and_refuses_an_exhausted_one(tmp_path, gcs_server):
+    from beam_dp import publish
+
     python = airflow_python()
-    data, out, ckpt = tmp_path / "data", tmp_path / "models", tmp_path / "checkpoints"
+    bucket = gcs_server.bucket()
+    data, out, ckpt = f"{bucket}/data", f"{bucket}/models", f"{bucket}/checkpoints"
     ledger = tmp_path / "ledger.sqlite"
     for seed, day in enumerate(DATES):
-        _beam_dp("make-data", "--output", data / day, "--n", 3000, "--d", 5, "--validation-n", 0,
-                 "--shards", 2, "--seed", seed)
+        _beam_dp("make-data", "--output", f"{data}/{day}", "--n", 3000, "--d", 5,
+                 "--validation-n", 0, "--shards", 2, "--seed", seed)
         # Room for one run at epsilon 1 on dates 1-3 (whatever the composition's slack); date 4
         # cannot afford one.
         _beam_dp("ledger", "budget", "--ledger", ledger, "--dataset-id", DATASET,
                  "--partition", day, "--epsilon", 3 if day != DATES[3] else 0.2, "--delta", 1e-5)
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "VIRTUAL_ENV"))}
+    env = {k: v for k, v in gcs_server.subprocess_env().items()
+           if not k.startswith(("AIRFLOW", "VIRTUAL_ENV"))}
     env.update(
         AIRFLOW_HOME=str(tmp_path / "airflow"),
         AIRFLOW__CORE__DAGS_FOLDER=str(REPO / "deploy" / "airflow"),
         AIRFLOW__CORE__LOAD_EXAMPLES="False",
         BEAM_DP_EXECUTABLE=str(BIN / "beam-dp"), BEAM_DP_LEDGER=str(ledger),
-        BEAM_DP_DATASET_ID=DATASET, BEAM_DP_DATA_ROOT=str(data), BEAM_DP_OUTPUT_ROOT=str(out),
-        BEAM_DP_CHECKPOINT_ROOT=str(ckpt), BEAM_DP_TRAIN_ARGS=TRAIN_ARGS)
+        BEAM_DP_DATASET_ID=DATASET, BEAM_DP_DATA_ROOT=data, BEAM_DP_OUTPUT_ROOT=out,
+        BEAM_DP_CHECKPOINT_ROOT=ckpt, BEAM_DP_TRAIN_ARGS=TRAIN_ARGS)
     migrate = subprocess.run([str(python), "-m", "airflow", "db", "migrate"], env=env,
                              capture_output=True, text=True, timeout=300)
     assert migrate.returncode == 0, migrate.stdout[-3000:] + migrate.stderr[-3000:]
@@ -132,31 +115,32 @@ def test_daily_dag_trains_each_partition_once_and_refuses_an_exhausted_one(tmp_p
         return ([json.loads(l.split(" ", 1)[1]) for l in result.stdout.splitlines()
                  if l.startswith("RESULT ")], log)
 
-    # Dates 1-3, date 1 again, date 4: one Airflow process, the dates in this order.
-    results, log = run_dag(*DATES[:3], DATES[0], DATES[3])
-    first, (again, refused) = results[:3], results[3:]
+    first, log = run_dag(*DATES[:3])
     assert [(r["date"], r["state"]) for r in first] == [(d, "success") for d in DATES[:3]], log[-5000:]
     values = [r["value"] for r in first]
-    assert [v["warm_start"] for v in values] == [None, str(out / DATES[0]), str(out / DATES[1])]
+    assert [v["warm_start"] for v in values] == [None, f"{out}/{DATES[0]}", f"{out}/{DATES[1]}"]
     assert all(v["runs"] >= 2 for v in values)   # exit 75, then the same command again
-    assert "model.json" in _tree(out / DATES[0])
+    first_output = publish.read(f"{out}/{DATES[0]}")
+    assert "model.json" in first_output
 
+    # Date 1 again, then date 4: one more Airflow process.
+    (again, refused), log = run_dag(DATES[0], DATES[3])
     assert (again["date"], again["state"]) == (DATES[0], "success"), log[-5000:]
     assert again["value"]["warm_start"] is None and again["value"]["runs"] == 1
-    # the stored release, byte for byte
-    assert again["output_digest"] == first[0]["output_digest"] is not None
+    assert publish.read(f"{out}/{DATES[0]}") == first_output   # the stored release, byte for byte
 
     assert (refused["date"], refused["state"], refused["try_number"]) == (DATES[3], "failed", 1), \
         log[-5000:]
     (message,) = {l.strip() for l in log.splitlines() if "beam-dp exited with code 3" in l}
     assert DATASET in message and DATES[3] in message and "remaining" in message.lower(), message
-    assert not (out / DATES[3]).exists()
+    assert not publish.is_published(f"{out}/{DATES[3]}")
 
     # Four successful task runs made three charges: the rerun charged nothing, date 4 nothing.
     shown = _beam_dp("ledger", "show", "--ledger", ledger, "--dataset-id", DATASET)
     committed = [c for c in _charges(shown) if c["status"] == "committed"]
     assert sorted(c["partitions"] for c in committed) == DATES[:3], shown
     assert all("airflow_dag_id=beam_dp_daily" in c["orchestrator"] for c in committed), shown
+    assert not list(Path.cwd().glob("gs:*"))   # nothing written to a local "gs:" directory
 
 
 def _charges(shown: str) -> list[dict[str, str]]:

@@ -174,16 +174,22 @@ def test_airflow_task_command_parses():
 
 
 def test_airflow_task_warm_starts_from_the_newest_earlier_model(tmp_path):
+    from beam_dp import publish
+
     for day, model in (("2026-02-27", True), ("2026-02-28", True), ("2026-03-01", False),
                        ("2026-03-02", True), ("2026-03-03", True)):
-        (tmp_path / day).mkdir()
         if model:
+            publish.publish(str(tmp_path / day), {"model.json": b"{}"})
+        else:   # a run that died before publishing: files, but no manifest
+            (tmp_path / day).mkdir()
             (tmp_path / day / "model.json").write_text("{}")
     (tmp_path / "notes").mkdir()
-    # 2026-03-01 has no model (its run failed), 03-02 and later are not earlier.
-    assert dag_task.latest_model_before(str(tmp_path), "2026-03-02") == f"{tmp_path}/2026-02-28"
-    assert dag_task.latest_model_before(str(tmp_path), "2026-02-27") is None
-    assert dag_task.latest_model_before(str(tmp_path / "none"), "2026-03-02") is None
+    beam_dp = str(BIN / "beam-dp")
+    # 2026-03-01 has no published model (its run failed), 03-02 and later are not earlier.
+    assert dag_task.latest_model_before(beam_dp, str(tmp_path), "2026-03-02") == \
+        f"{tmp_path}/2026-02-28"
+    assert dag_task.latest_model_before(beam_dp, str(tmp_path), "2026-02-27") is None
+    assert dag_task.latest_model_before(beam_dp, str(tmp_path / "none"), "2026-03-02") is None
 
 
 def test_airflow_task_reruns_on_75_and_stops_on_3(tmp_path):

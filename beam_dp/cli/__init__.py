@@ -33,7 +33,7 @@ class _WithoutApitoolsNotice(logging.Filter):
 logging.getLogger().addFilter(_WithoutApitoolsNotice())
 
 from beam_dp import storage  # noqa: E402
-from beam_dp.cli import audit, datasets, listing, predict, train, tune  # noqa: E402
+from beam_dp.cli import audit, datasets, latest, listing, predict, train, tune  # noqa: E402
 from beam_dp.cli.exit_codes import EXIT_QUALITY  # noqa: E402
 from beam_dp.cli.interrupts import INTERRUPTED, on_interrupt  # noqa: E402
 from beam_dp.cli.parsing import (Parser, refuse_other_algorithms_flags,  # noqa: E402
@@ -62,6 +62,7 @@ def build_parser(argv: list[str] | None = None):
         "predict": predict.add_predict_parser(sub),
         "vocabulary": datasets.add_vocabulary_parser(sub),
         "report": predict.add_report_parser(sub),
+        "latest-model": latest.add_parser(sub),
     }
     return parser
 
@@ -133,6 +134,7 @@ def _run(args, extra: list[str]) -> int:
         "vocabulary": lambda: datasets.vocabulary(args),
         "report": lambda: predict.report(args),
         "predict": lambda: predict.predict(args),
+        "latest-model": lambda: latest.run(args),
     }
     return command[args.command]()
 

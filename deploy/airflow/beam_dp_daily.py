@@ -9,7 +9,8 @@ from the newest earlier date's model (post-processing of a released model: free)
 
 Settings come from the DAG's params, else from the environment ($BEAM_DP_LEDGER, ...). Params
 are visible in Airflow's UI: keep passwords out of the ledger URL (PostgreSQL reads PGPASSWORD
-or ~/.pgpass) or set it in the environment only. Roots are local paths (a mounted bucket works).
+or ~/.pgpass) or set it in the environment only. Roots are local paths, gs:// or s3:// URLs
+(beam-dp reads and writes them; the newest earlier model is found by `beam-dp latest-model`).
 """
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ def beam_dp_daily():
         context = get_current_context()
         params, ds = context["params"], context["ds"]
         output_root = _setting(params, "output_root")
-        warm_start = beam_dp_task.latest_model_before(output_root, ds)
+        warm_start = beam_dp_task.latest_model_before(_setting(params, "beam_dp"), output_root, ds)
         command = beam_dp_task.train_command(
             _setting(params, "beam_dp"), ds,
             data_root=_setting(params, "data_root"), output_root=output_root,

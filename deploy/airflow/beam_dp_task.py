@@ -7,7 +7,6 @@ project's tests import this module to check the command with beam-dp's own parse
 """
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 from typing import Callable
@@ -29,18 +28,16 @@ def _join(root: str, *parts: str) -> str:
     return "/".join([root.rstrip("/"), *parts])
 
 
-def latest_model_before(output_root: str, ds: str, listdir: Callable = os.listdir,
-                        isfile: Callable = os.path.isfile) -> str | None:
-    """The output directory of the most recent date before ``ds`` that holds a model.json:
-    a released model, so starting from it is post-processing and costs no budget."""
-    try:
-        names = listdir(output_root)
-    except FileNotFoundError:
-        return None
-    for name in sorted((n for n in names if DATE.match(n) and n < ds), reverse=True):
-        if isfile(_join(output_root, name, "model.json")):
-            return _join(output_root, name)
-    return None
+def latest_model_before(executable: str, output_root: str, ds: str) -> str | None:
+    """The output directory of the most recent date before ``ds`` that holds a published model
+    (``beam-dp latest-model``: on any file system beam-dp reads, gs:// and s3:// included): a
+    released model, so starting from it is post-processing and costs no budget."""
+    found = subprocess.run([executable, "latest-model", output_root, "--before", ds],
+                           capture_output=True, text=True, timeout=600)
+    if found.returncode != 0:
+        raise RuntimeError(f"beam-dp latest-model exited with code {found.returncode}: "
+                           f"{found.stderr.strip()[-500:]}")
+    return found.stdout.strip() or None
 
 
 def train_command(executable: str, ds: str, *, data_root: str, output_root: str,
