@@ -36,7 +36,9 @@ TRAIN_ARGS = "--epsilon 1 --delta 1e-6 --algorithm dpgd --steps 4 --steps-per-jo
 
 # Run with the Airflow venv's Python: loads the DAG folder and runs dag.test for each date given,
 # in order and in one process (Airflow's start-up and its in-process API server cost ~9 s each),
-# printing one JSON line per run with the task's state, tries and return value (its XCom).
+# printing one JSON line per run with the task's state, tries and return value (its XCom). A "--"
+# among the dates makes it print PAUSED and wait for a line on stdin (the test looks at the store
+# meanwhile).
 DRIVER = r'''
 import datetime, json, sys
 from airflow.models.dagbag import DagBag
@@ -49,6 +51,10 @@ bag = DagBag()
 print("IMPORT_ERRORS " + json.dumps(bag.import_errors), flush=True)
 dag = bag.get_dag("beam_dp_daily")
 for day in sys.argv[1:]:
+    if day == "--":
+        print("PAUSED", flush=True)
+        sys.stdin.readline()
+        continue
     logical = datetime.datetime.fromisoformat(day).replace(tzinfo=datetime.timezone.utc)
     run = dag.test(logical_date=logical)
     (ti,) = run.get_task_instances()
@@ -105,26 +111,38 @@ def test_daily_dag_trains_each_partition_once_and_refuses_an_exhausted_one(tmp_p
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
 
-    def run_dag(*dates) -> tuple[list[dict], str]:
-        result = subprocess.run([str(python), str(driver), *dates], env=env, capture_output=True,
-                                text=True, timeout=600)
-        log = result.stdout + result.stderr
-        assert result.returncode == 0, log[-5000:]
-        (errors,) = [l for l in result.stdout.splitlines() if l.startswith("IMPORT_ERRORS ")]
-        assert json.loads(errors.split(" ", 1)[1]) == {}, errors
-        return ([json.loads(l.split(" ", 1)[1]) for l in result.stdout.splitlines()
-                 if l.startswith("RESULT ")], log)
-
-    first, log = run_dag(*DATES[:3])
+    # Dates 1-3; a pause (the test reads date 1's model); date 1 again, then date 4.
+    process = subprocess.Popen([str(python), str(driver), *DATES[:3], "--", DATES[0], DATES[3]],
+                               env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    lines = []
+    try:
+        for line in process.stdout:
+            lines.append(line)
+            if line.startswith("PAUSED"):
+                break
+        first = [json.loads(l.split(" ", 1)[1]) for l in lines if l.startswith("RESULT ")]
+        first_output = publish.read(f"{out}/{DATES[0]}") if len(first) == 3 else None
+        with contextlib.suppress(BrokenPipeError):   # (a driver that failed before the pause)
+            process.stdin.write("go\n")
+            process.stdin.close()
+        lines += process.stdout.readlines()
+        assert process.wait(timeout=600) == 0, "".join(lines)[-5000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+    log = "".join(lines)
+    (errors,) = [l for l in lines if l.startswith("IMPORT_ERRORS ")]
+    assert json.loads(errors.split(" ", 1)[1]) == {}, errors
+    results = [json.loads(l.split(" ", 1)[1]) for l in lines if l.startswith("RESULT ")]
+    assert len(results) == 5, log[-5000:]
+    first, (again, refused) = results[:3], results[3:]
     assert [(r["date"], r["state"]) for r in first] == [(d, "success") for d in DATES[:3]], log[-5000:]
     values = [r["value"] for r in first]
     assert [v["warm_start"] for v in values] == [None, f"{out}/{DATES[0]}", f"{out}/{DATES[1]}"]
     assert all(v["runs"] >= 2 for v in values)   # exit 75, then the same command again
-    first_output = publish.read(f"{out}/{DATES[0]}")
     assert "model.json" in first_output
 
-    # Date 1 again, then date 4: one more Airflow process.
-    (again, refused), log = run_dag(DATES[0], DATES[3])
     assert (again["date"], again["state"]) == (DATES[0], "success"), log[-5000:]
     assert again["value"]["warm_start"] is None and again["value"]["runs"] == 1
     assert publish.read(f"{out}/{DATES[0]}") == first_output   # the stored release, byte for byte

@@ -50,8 +50,10 @@ def _version(k: int) -> dict[str, bytes]:
             "privacy_report.json": json.dumps({"version": k}).encode()}
 
 
-def test_publish_replace_and_overwrite_rules(object_store):
-    out = object_store.bucket() + "/models/day"
+def test_publish_replace_and_overwrite_rules(gcs_server):
+    """(On the GCS server: the protocol is the storage layer's, and S3 is shown by the CLI
+    test below; Beam's S3 file system costs ~0.25 s a call.)"""
+    out = gcs_server.bucket() + "/models/day"
     publish.publish(out, _version(1))
     assert publish.read(out) == _version(1)
     assert sorted(storage.list_files(out)) == [publish.MANIFEST, "model.json", "privacy_report.json"]
@@ -145,8 +147,8 @@ def _version_small(k: int) -> dict[str, bytes]:
             "privacy_report.json": json.dumps({"version": k}).encode()}
 
 
-def test_a_dead_first_publish_counts_as_no_output(object_store):
-    out = object_store.bucket() + "/model"
+def test_a_dead_first_publish_counts_as_no_output(gcs_server):
+    out = gcs_server.bucket() + "/model"
     storage.write_bytes(out + "/" + publish.STAGING + "dead/model.json", b"{}")
     with pytest.raises(ValueError, match="not a complete beam-dp output"):
         publish.read(out)
@@ -161,18 +163,22 @@ def test_train_predict_warm_start_and_overwrite_on_the_store(object_store, tmp_p
                                                              monkeypatch):
     """The default command (private count, default flags) on a store: input, output, checkpoints
     and warm start there; predict reads and writes there; nothing lands in the working
-    directory; --overwrite replaces the model and a second run without it is refused. The data
-    are made by the beam-dp executable (the store reached from another process, with the flags
-    a user gives); the rest runs in-process (the same main, without its start-up each time)."""
+    directory; --overwrite replaces the model and a second run without it is refused. On GCS
+    the data are made by the beam-dp executable (the store reached from another process); the
+    rest runs in-process (the same main, without its start-up each time)."""
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     monkeypatch.chdir(cwd)
     root = object_store.bucket()
-    made = subprocess.run([str(BIN / "beam-dp"), "make-data", "--output", f"{root}/data", "--n",
-                           "400", "--d", "3", "--shards", "2", "--seed", "1", *object_store.flags],
-                          cwd=cwd, env=object_store.subprocess_env(), capture_output=True,
-                          text=True, timeout=300)
-    assert made.returncode == 0, made.stderr[-3000:]
+    make_data = ["make-data", "--output", f"{root}/data", "--n", "400", "--d", "3", "--shards",
+                 "2", "--seed", "1", *object_store.flags]
+    if object_store.scheme == "gs":   # (S3's flags reach a subprocess the same way: in-process)
+        made = subprocess.run([str(BIN / "beam-dp"), *make_data], cwd=cwd,
+                              env=object_store.subprocess_env(), capture_output=True, text=True,
+                              timeout=300)
+        assert made.returncode == 0, made.stderr[-3000:]
+    else:
+        assert cli(*make_data).code == 0
 
     def _run(store, cwd, *argv, check=True):
         result = cli(*argv, *store.flags)
