@@ -12,45 +12,25 @@ product is never patched. Beam's ``s3://`` file system reaches the S3 server thr
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
+
+from worker_pool import _free_port, _wait_until_listening
 
 SITE_DIR = Path(__file__).resolve().parent / "object_store_site"
 S3_KEYS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
            "AWS_DEFAULT_REGION": "us-east-1"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
-
-
-def _wait_until_listening(port: int, proc: subprocess.Popen, log: Path, timeout: float = 30):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with code {proc.returncode}: "
-                               f"{log.read_text(errors='replace')[-2000:]}")
-        try:
-            with socket.create_connection(("localhost", port), timeout=1):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise TimeoutError(f"no server listening on port {port} within {timeout} s")
-
-
 def _start(argv: list[str], port: int, log: Path) -> subprocess.Popen:
     proc = subprocess.Popen(argv, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
                             start_new_session=True)
     try:
-        _wait_until_listening(port, proc, log)
+        _wait_until_listening(port, proc, 30, what=f"the server ({log})")
     except BaseException:
         proc.kill()
         raise

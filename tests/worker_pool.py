@@ -40,17 +40,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_until_listening(port: int, proc: subprocess.Popen, timeout: float) -> None:
+def _wait_until_listening(port: int, proc: subprocess.Popen, timeout: float,
+                          what: str = "the worker pool") -> None:
+    """Returns once something listens on ``port``; raises if ``proc`` (``what``) exits first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"the worker pool exited with code {proc.returncode}")
+            raise RuntimeError(f"{what} exited with code {proc.returncode}")
         try:
             with socket.create_connection(("localhost", port), timeout=1):
                 return
         except OSError:
             time.sleep(0.1)
-    raise TimeoutError(f"the worker pool did not listen on port {port} within {timeout} s")
+    raise TimeoutError(f"{what} did not listen on port {port} within {timeout} s")
 
 
 def _stop(proc: subprocess.Popen) -> None:
