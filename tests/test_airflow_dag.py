@@ -4,9 +4,10 @@ SQLite metadata database, and `dag.test()` for each date, the task running the p
 `beam-dp` executable on that date's Parquet partition. Data, models and checkpoints are on a GCS
 server on this machine (tests/object_stores.py): every path of the DAG is a gs:// URL.
 
-Dates 1-3 train (each from the model of the date before, in two runs of the command: --max-jobs 2
-makes it exit 75 after the count and the first two steps), date 1 again (same release: nothing
-charged, the same output bytes), then date 4, whose partition budget is too small: refused, the
+Dates 1-3 train, each from the model of the date before (date 1 in two runs of the command:
+--max-jobs 2 makes it exit 75 after the count and the first two steps; dates 2 and 3 in one, the
+DAG's train_args param given in the run's conf), date 1 again (same release: nothing charged, the
+same output bytes), then date 4, whose partition budget is too small: refused, the
 task failed without retries, with beam-dp's message naming the dataset, the partition and what
 remains.
 
@@ -32,13 +33,14 @@ REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent   # the project's venv: beam-dp
 DATASET = "events"
 DATES = ["2026-03-01", "2026-03-02", "2026-03-03", "2026-03-04"]
-TRAIN_ARGS = "--epsilon 1 --delta 1e-6 --algorithm dpgd --steps 4 --steps-per-job 2 --max-jobs 2"
+ONE_RUN = "--epsilon 1 --delta 1e-6 --algorithm dpgd --steps 4 --steps-per-job 2"
+TRAIN_ARGS = ONE_RUN + " --max-jobs 2"   # (--max-jobs is not part of a release's id)
 
 # Run with the Airflow venv's Python: loads the DAG folder and runs dag.test for each date given,
 # in order and in one process (Airflow's start-up and its in-process API server cost ~9 s each),
 # printing one JSON line per run with the task's state, tries and return value (its XCom). A "--"
 # among the dates makes it print PAUSED and wait for a line on stdin (the test looks at the store
-# meanwhile).
+# meanwhile); a date written DATE=ARGS runs with the DAG param train_args set to ARGS.
 DRIVER = r'''
 import datetime, json, sys
 from airflow.models.dagbag import DagBag
@@ -55,8 +57,9 @@ for day in sys.argv[1:]:
         print("PAUSED", flush=True)
         sys.stdin.readline()
         continue
+    day, _, train_args = day.partition("=")
     logical = datetime.datetime.fromisoformat(day).replace(tzinfo=datetime.timezone.utc)
-    run = dag.test(logical_date=logical)
+    run = dag.test(logical_date=logical, run_conf={"train_args": train_args} if train_args else None)
     (ti,) = run.get_task_instances()
     with create_session() as session:
         xcom = session.scalars(select(XComModel).where(
@@ -112,7 +115,9 @@ def test_daily_dag_trains_each_partition_once_and_refuses_an_exhausted_one(tmp_p
     driver.write_text(DRIVER)
 
     # Dates 1-3; a pause (the test reads date 1's model); date 1 again, then date 4.
-    process = subprocess.Popen([str(python), str(driver), *DATES[:3], "--", DATES[0], DATES[3]],
+    dates = [DATES[0], *(f"{d}={ONE_RUN}" for d in DATES[1:3]), "--", f"{DATES[0]}={ONE_RUN}",
+             f"{DATES[3]}={ONE_RUN}"]
+    process = subprocess.Popen([str(python), str(driver), *dates],
                                env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
     lines = []
@@ -140,7 +145,8 @@ def test_daily_dag_trains_each_partition_once_and_refuses_an_exhausted_one(tmp_p
     assert [(r["date"], r["state"]) for r in first] == [(d, "success") for d in DATES[:3]], log[-5000:]
     values = [r["value"] for r in first]
     assert [v["warm_start"] for v in values] == [None, f"{out}/{DATES[0]}", f"{out}/{DATES[1]}"]
-    assert all(v["runs"] >= 2 for v in values)   # exit 75, then the same command again
+    assert values[0]["runs"] == 2   # exit 75, then the same command again
+    assert [v["runs"] for v in values[1:]] == [1, 1]
     assert "model.json" in first_output
 
     assert (again["date"], again["state"]) == (DATES[0], "success"), log[-5000:]
