@@ -71,6 +71,7 @@ def test_publish_replace_and_overwrite_rules(gcs_server):
         publish.publish(out + "/inner", _version(1))
 
 
+@pytest.mark.slow
 def test_a_reader_polling_during_20_replacements_never_finds_it_missing_or_partial(gcs_server):
     out = gcs_server.bucket() + "/model"
     publish.publish(out, _version(0))
