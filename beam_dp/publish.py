@@ -150,7 +150,11 @@ def publish(path: str, files: dict[str, bytes], overwrite: bool = False) -> None
 
 
 def _remove_staging(path: str) -> None:
-    """Deletes every staging prefix under ``path``: this publish's and dead runs' ones."""
+    """Deletes every staging prefix under ``path``: this publish's and dead runs' ones; and, on
+    a local disk, what a run of an earlier beam-dp killed while replacing ``path`` left beside
+    it (see ``_earlier_leftovers``)."""
+    for leftover in _earlier_leftovers(path):
+        storage.delete_tree(leftover)
     for prefix in sorted({_top(name) for name in storage.list_files(path)
                           if _top(name).startswith(STAGING)}):
         storage.delete_tree(storage.join(path, prefix))
@@ -158,6 +162,28 @@ def _remove_staging(path: str) -> None:
         for name in os.listdir(path):
             if name.startswith(STAGING):
                 storage.delete_tree(os.path.join(path, name))
+
+
+def _earlier_leftovers(path: str) -> list[str]:
+    """Directories that beam-dp before this layout (a temporary directory renamed over the
+    output) left beside a local output when killed mid-replacement: ``.NAME.old-*`` holding the
+    replaced output (``previous/`` with its manifest) and ``.NAME.tmp-*`` holding a finished
+    one (its manifest) or nothing. Anything else of those names is not known to be ours: kept."""
+    if storage.is_remote(path):
+        return []
+    up, name = os.path.split(path)
+    found = []
+    for entry in sorted(os.listdir(up)) if os.path.isdir(up) else []:
+        full = os.path.join(up, entry)
+        if os.path.islink(full) or not os.path.isdir(full):
+            continue
+        if entry.startswith(f".{name}.old-"):
+            if os.path.isfile(os.path.join(full, "previous", MANIFEST)):
+                found.append(full)
+        elif entry.startswith(f".{name}.tmp-"):
+            if not os.listdir(full) or os.path.isfile(os.path.join(full, MANIFEST)):
+                found.append(full)
+    return found
 
 
 def _json(value: dict) -> bytes:

@@ -228,3 +228,23 @@ def test_train_predict_warm_start_and_overwrite_on_the_store(object_store, tmp_p
     assert publish.read(f"{root}/models/day1")["model.json"] != first["model.json"]
 
     assert list(cwd.iterdir()) == [], sorted(p.name for p in cwd.iterdir())
+
+
+def test_a_publish_removes_what_an_earlier_beam_dp_killed_mid_replacement_left(tmp_path):
+    """beam-dp before the manifest layout renamed a temporary directory over the output and left
+    .OUT.tmp-* / .OUT.old-* beside it when killed there: the next publish of OUT removes those
+    it can tell are beam-dp's, and keeps a look-alike that is not."""
+    out = tmp_path / "model"
+    old = tmp_path / ".model.old-abc123" / "previous"
+    old.mkdir(parents=True)
+    (old / publish.MANIFEST).write_text('{"written_by": "beam-dp", "files": {}}')
+    (tmp_path / ".model.tmp-def456").mkdir()                       # killed before writing
+    finished = tmp_path / ".model.tmp-ghi789"
+    finished.mkdir()
+    (finished / publish.MANIFEST).write_text('{"written_by": "beam-dp", "files": {}}')
+    mine = tmp_path / ".model.tmp-notes"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("a user's")
+    publish.publish(str(out), _version_small(1))
+    assert sorted(p.name for p in tmp_path.iterdir() if "model" in p.name) == [
+        ".model.tmp-notes", "model"]
