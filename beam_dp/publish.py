@@ -38,7 +38,7 @@ STAGING = ".staging-"
 READ_ATTEMPTS = 20
 
 
-def _refuse(path: str, why: str) -> FileExistsError:
+def refusal(path: str, why: str) -> FileExistsError:
     return FileExistsError(f"{path} {why}; nothing was replaced or deleted")
 
 
@@ -77,7 +77,7 @@ def check_output_directory(path: str, overwrite: bool) -> None:
         if not overwrite:
             raise FileExistsError(f"{path} already exists (pass --overwrite, or overwrite=True "
                                   "in Python, to replace a directory beam-dp wrote)")
-        raise _refuse(path, "is not a directory beam-dp wrote (--overwrite replaces only those)")
+        raise refusal(path, "is not a directory beam-dp wrote (--overwrite replaces only those)")
     entries = storage.list_files(path)
     names = set(os.listdir(path)) if local and os.path.isdir(path) else {_top(n) for n in entries}
     present = os.path.lexists(path) if local else bool(entries)
@@ -89,7 +89,7 @@ def check_output_directory(path: str, overwrite: bool) -> None:
                               "Python, to replace a directory beam-dp wrote)")
     manifest = read_manifest(path)
     if manifest is None:
-        raise _refuse(path, f"has no {MANIFEST} manifest, so beam-dp did not write it "
+        raise refusal(path, f"has no {MANIFEST} manifest, so beam-dp did not write it "
                             "(--overwrite replaces only directories beam-dp wrote)")
     listed = manifest["files"]
     interrupted = manifest["location"] != ""   # its top-level files may be old or new ones
@@ -97,8 +97,11 @@ def check_output_directory(path: str, overwrite: bool) -> None:
     # file added or changed since (or a manifest edited to list a user's file) is not ours.
     foreign = [name for name, size in entries.items() if not _ours(_top(name)) and not (
         name in listed and size >= 0 and (interrupted or size == listed[name]))]
+    # (locally, an entry holding no file, e.g. an empty directory, is listed by name only)
+    foreign += [name for name in names if not _ours(name) and name not in listed
+                and not any(_top(entry) == name for entry in entries)]
     if foreign:
-        raise _refuse(path, f"holds {len(foreign)} entries beam-dp did not write there or that "
+        raise refusal(path, f"holds {len(foreign)} entries beam-dp did not write there or that "
                             "changed since (move them away first)")
 
 
@@ -113,7 +116,7 @@ def check_not_in_an_output(path: str) -> None:
     up = storage.parent(path)
     while up and up != path:
         if storage.exists(storage.join(up, MANIFEST)):
-            raise _refuse(path, f"is inside {up}, an output directory beam-dp wrote: write it "
+            raise refusal(path, f"is inside {up}, an output directory beam-dp wrote: write it "
                                 "elsewhere")
         path, up = up, storage.parent(up)
 
@@ -134,7 +137,7 @@ def publish(path: str, files: dict[str, bytes], overwrite: bool = False) -> None
         for name, content in files.items():
             storage.write_bytes(storage.join(stage, name), content)
         if read_manifest(path) != old:   # another run published it meanwhile
-            raise _refuse(path, "was published by another run while this one wrote")
+            raise refusal(path, "was published by another run while this one wrote")
         storage.write_bytes(storage.join(path, MANIFEST), _json(manifest), tmp_dir=stage)
     except BaseException:
         storage.delete_tree(stage)

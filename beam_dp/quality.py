@@ -79,8 +79,7 @@ import math
 import numpy as np
 from dp_accounting import dp_event as events
 
-from beam_dp import (accounting, clipping, features, losses, mechanisms, stats, storage,
-                     user_level)
+from beam_dp import accounting, features, losses, mechanisms, stats, storage, user_level
 from beam_dp.algorithms import spec
 
 
@@ -201,9 +200,7 @@ class QualityStage:
         return sensitivity(self.loss, self.relation)
 
     def zero_sum(self):
-        if self.noise == "secure":
-            return clipping.ExactSum.zeros(self.shape)
-        return np.zeros(self.shape)
+        return stats.stages.zeros_for(self.noise, self.shape)
 
     def rows(self, block, theta: np.ndarray) -> np.ndarray:
         s = losses.scores(theta, features.from_spec(self.transform)(block).features)

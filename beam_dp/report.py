@@ -223,8 +223,7 @@ def evaluate(loss: losses_mod.GlmLoss, theta: np.ndarray, blocks) -> dict:
 MARKER = publish.MANIFEST   # in every directory beam-dp writes: what it wrote there
 
 
-def _refuse(path: str, why: str) -> FileExistsError:
-    return FileExistsError(f"{path} {why}; nothing was replaced or deleted")
+_refuse = publish.refusal   # (one wording for every refusal to replace an output)
 
 
 def check_output_directory(path: str, overwrite: bool) -> None:

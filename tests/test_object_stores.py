@@ -248,3 +248,14 @@ def test_a_publish_removes_what_an_earlier_beam_dp_killed_mid_replacement_left(t
     publish.publish(str(out), _version_small(1))
     assert sorted(p.name for p in tmp_path.iterdir() if "model" in p.name) == [
         ".model.tmp-notes", "model"]
+
+
+def test_overwrite_refuses_a_local_output_holding_an_empty_directory_of_a_user(tmp_path):
+    """An entry that holds no file (an empty directory put into the output) is not beam-dp's:
+    --overwrite refuses, and it is still there."""
+    out = tmp_path / "model"
+    publish.publish(str(out), _version_small(1))
+    (out / "mine").mkdir()
+    with pytest.raises(FileExistsError, match="did not write"):
+        publish.publish(str(out), _version_small(2), overwrite=True)
+    assert (out / "mine").is_dir() and publish.read(str(out)) == _version_small(1)

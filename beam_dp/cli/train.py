@@ -11,6 +11,7 @@ import os
 import sys
 import warnings
 
+from beam_dp import storage
 from beam_dp.cli import run_arguments
 from beam_dp.cli.exit_codes import EXIT_IN_PROGRESS, EXIT_MORE_JOBS, EXIT_REFUSED
 from beam_dp.cli.interrupts import stop_if_interrupted
@@ -73,7 +74,7 @@ def run(args, beam_args: list[str]) -> int:
     orchestrator = key_values("--orchestrator-id", args.orchestrator_id)
     release = release_id(args, chosen, input_files, validation_files)
     if args.checkpoint_dir:
-        args.checkpoint_dir = os.path.join(args.checkpoint_dir, release)
+        args.checkpoint_dir = storage.join(args.checkpoint_dir, release)
     if args.ledger is None:
         return _train_and_write(api, args, beam_args, options, validation_files, release)
     from beam_dp.algorithms.base import checkpoint_exists
@@ -120,7 +121,7 @@ def release_id(args, chosen, input_files, validation_files) -> str:
     """The run's release id (``beam_dp.ledger.runs``: configuration, input snapshot, code): the
     flags that change what is released, not where it is written or how it is run."""
     import beam_dp
-    from beam_dp import report, storage
+    from beam_dp import report
     from beam_dp.ledger import runs
 
     configuration = {k: v for k, v in vars(args).items() if not k.startswith("_") and k not in (

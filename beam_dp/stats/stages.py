@@ -84,6 +84,11 @@ SECURE_QUANTILE_NOISE = ("exact exponential mechanism (rational utilities, exact
                          "coins on ChaCha20 bits)")
 
 
+def zeros_for(noise: str, shape):
+    """A stage's empty sum: exact integers on a grid for secure noise, floats otherwise."""
+    return clipping.ExactSum.zeros(shape) if noise == "secure" else np.zeros(shape)
+
+
 @dataclasses.dataclass(frozen=True)
 class CountStage:
     """Noisy count with Laplace noise of scale 1/epsilon; writes ``state['n']`` (at least 1)."""
@@ -225,9 +230,7 @@ class ClippedMeanStage:
         return (self.columns,)
 
     def zero_sum(self):
-        if self.noise == "secure":
-            return clipping.ExactSum.zeros(self.shape)
-        return np.zeros(self.shape)
+        return zeros_for(self.noise, self.shape)
 
     def _center(self, state):
         c = state[self.center] if isinstance(self.center, str) else self.center
@@ -305,7 +308,7 @@ class SecondMomentStage:
         return (self.columns + 1, self.columns + 1)
 
     def zero_sum(self):
-        return clipping.ExactSum.zeros(self.shape) if self.noise == "secure" else np.zeros(self.shape)
+        return zeros_for(self.noise, self.shape)
 
     def secure_grid(self, radius: float) -> tuple[float, float]:
         """(g, L): the grid and the rows' certified norm bound in its units (class docstring)."""
@@ -401,9 +404,7 @@ class BoxMeanStage:
         return (self.columns,)
 
     def zero_sum(self):
-        if self.noise == "secure":
-            return clipping.ExactSum.zeros(self.shape)
-        return np.zeros(self.shape)
+        return zeros_for(self.noise, self.shape)
 
     def _bounds(self, state):
         bounds = np.asarray(state[self.bounds_key], float)
