@@ -25,9 +25,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from beam_dp import (accounting, data, frames, losses, mechanisms, quality, report,
+from beam_dp import (accounting, data, frames, losses, mechanisms, quality, report, storage,
                      user_level)
 from beam_dp.algorithms import choice, ignored_options, registry, spec
+from beam_dp.algorithms.base import CHECKPOINT_FILE
 from beam_dp import schema as schema_mod
 from beam_dp.categorical import Encoding, make_encoding
 from beam_dp.model import Model
@@ -485,9 +486,11 @@ def _plan_budget(request: _Request, checked: _Checked, problem: spec.Problem) ->
 def _fit(request: _Request, checked: _Checked, read: _Input, problem: spec.Problem,
          budget: _Budget) -> _Run:
     """Trains, releases the fills into the encoding, and runs the reserved quality check."""
-    run_seed = request.seed if request.seed is not None else mechanisms.secure_seed()
     chosen, options, loss = checked.algorithm, checked.options, checked.loss
     aggregator, encoding, check, verdict = read.aggregator, read.encoding, budget.check, budget.verdict
+    job_results = _job_results(aggregator, problem)
+    run_seed = (request.seed if request.seed is not None else
+                job_results.seed() if job_results is not None else mechanisms.secure_seed())
     quality_options = request.quality_options
     try:
         if request.instrument is not None:
@@ -516,11 +519,26 @@ def _fit(request: _Request, checked: _Checked, read: _Input, problem: spec.Probl
                 quality.save(problem.checkpoint_dir, result.theta, check, noisy)
             verdict = quality.judged(loss, noisy, check, result.dataset_size["value"],
                                      "the training data")
+        if job_results is not None:   # the run is over: its jobs' results and seed go
+            job_results.remove()
     finally:
         aggregator.close()
     return _Run(result, budget.ledger, chosen, options, request.privacy, loss,
                 list(read.feature_columns), encoding, verdict,
                 checked.choice.report() if checked.choice is not None else None)
+
+
+def _job_results(aggregator, problem: spec.Problem):
+    """A Flex Template launch (--template_location): its job runs after it, so the job's result
+    is kept under the release's checkpoint for the next launch (``beam_dp.beam.job_results``)."""
+    if not getattr(aggregator, "writes_templates", False):
+        return None
+    if not problem.checkpoint_dir:
+        raise ValueError("--template_location: each launch writes one job, which runs after it; "
+                         "give --checkpoint-dir, where the job leaves its result for the next "
+                         "launch")
+    return aggregator.keep_job_results(storage.join(problem.checkpoint_dir, "template-jobs"),
+                                       storage.join(problem.checkpoint_dir, CHECKPOINT_FILE))
 
 
 def _model_of(run: _Run, request: _Request) -> "Model":

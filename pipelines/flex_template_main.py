@@ -1,12 +1,14 @@
 """Dataflow Flex Template entry point (deploy/dataflow): one launch = `beam-dp train --max-jobs 1`.
 
-A Flex Template launcher runs this file once, lets it submit ONE Dataflow job, and exits. A
-training run may need several Beam jobs, so the loop over jobs belongs to the orchestrator: each
-launch of the template with the same parameters resumes from ``checkpoint_dir`` (a gs:// path
-that outlives the launcher VM), drives the optimizer as far as the next Beam job, submits it and
-stops. The orchestrator waits for that job, then launches again, until ``status_file`` (if
-given) says ``"finished": true``. The budget ledger makes a repeated launch safe: a run whose
-release id is already committed writes its stored output again and charges nothing.
+A Flex Template launcher runs this file with --template_location: Beam writes the job there,
+and Dataflow runs it only after this process has exited. A training run needs several Beam jobs,
+so the loop over jobs belongs to the orchestrator: each launch with the same parameters resumes
+from ``checkpoint_dir`` (a gs:// path that outlives the launcher VM), replays the driver over the
+results the earlier launches' jobs left there (beam_dp.beam.job_results), writes the next job
+and exits 0 with "launch_again" in ``status_file``. The orchestrator waits for that job, then
+launches again, until ``status_file`` says ``"finished": true``. The budget ledger makes a
+repeated launch safe: a run whose release id is already committed writes its stored output
+again and charges nothing. tests/test_flex_template.py plays the launcher and the service.
 
 The template's own parameters are listed in deploy/dataflow/metadata.json; every other flag the
 launcher passes (--project, --region, --temp_location, --sdk_container_image, ...) goes on to
@@ -115,16 +117,14 @@ def main(argv: list[str] | None = None) -> int:
     if params.status_file:
         _write_status(params.status_file, code)
     if code == NOT_FINISHED:
-        logging.warning("beam-dp: one Beam job submitted; launch the template again with the "
+        logging.warning("beam-dp: one Beam job written; launch the template again with the "
                         "same parameters once it has finished")
         return 0   # the launch did what a launch does: submit one job
-    # The launcher has the pipeline write its job to --template_location and submits that.
-    template_location = _flag_value(beam_args, "--template_location")
-    if code == 0 and template_location:
-        from apache_beam.io.filesystems import FileSystems
-        if not FileSystems.exists(template_location):
-            runner = [] if _flag_value(beam_args, "--runner") else ["--runner=DataflowRunner"]
-            _submit_placeholder_job(beam_args + runner)
+    # The launcher has the pipeline write its job to --template_location and submits that. A
+    # launch that ends the run (exit 0) wrote none: each job it needed ran after an earlier one.
+    if code == 0 and _flag_value(beam_args, "--template_location"):
+        runner = [] if _flag_value(beam_args, "--runner") else ["--runner=DataflowRunner"]
+        _submit_placeholder_job(beam_args + runner)
     return code
 
 

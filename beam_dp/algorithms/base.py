@@ -87,8 +87,11 @@ class JobLimitReached(Exception):
     orchestrator that runs one job per invocation)."""
 
 
+CHECKPOINT_FILE = "state.npz"   # in a release's checkpoint directory
+
+
 def checkpoint_exists(directory: str) -> bool:
-    return storage.exists(storage.join(directory, "state.npz"))
+    return storage.exists(storage.join(directory, CHECKPOINT_FILE))
 
 
 def save_checkpoint(directory: str, state: TrainState, config: dict, plan: dict) -> None:
@@ -97,14 +100,14 @@ def save_checkpoint(directory: str, state: TrainState, config: dict, plan: dict)
     buffer = io.BytesIO()
     np.savez(buffer, theta=state.theta, theta_sum=state.theta_sum, step=state.step,
              config=json.dumps(config, sort_keys=True), plan=json.dumps(plan, sort_keys=True))
-    storage.write_bytes(storage.join(directory, "state.npz"), buffer.getvalue())
+    storage.write_bytes(storage.join(directory, CHECKPOINT_FILE), buffer.getvalue())
 
 
 def load_checkpoint(directory: str, config: dict) -> tuple[TrainState, dict] | None:
     """The saved state and plan, if a checkpoint was written for the same public configuration."""
     if not checkpoint_exists(directory):
         return None
-    path = storage.join(directory, "state.npz")
+    path = storage.join(directory, CHECKPOINT_FILE)
     with np.load(io.BytesIO(storage.read_bytes(path))) as z:
         if json.loads(str(z["config"])) != json.loads(json.dumps(config, sort_keys=True)):
             raise ValueError(f"{path} was written for a different configuration; "

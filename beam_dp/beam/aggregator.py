@@ -41,6 +41,7 @@ from beam_dp import batches, data
 from beam_dp.algorithms.base import JobLimitReached, Stage
 from beam_dp.beam.batches import WriteStepBatches
 from beam_dp.beam.cache import ShardCache
+from beam_dp.beam.job_results import MISSING, JobResults
 from beam_dp.beam.transforms import (FILE_OPENS, METRICS_NAMESPACE, ReadShards, RunStages,
                                      ShardReader, StateFile, _position, open_file)
 from beam_dp.beam.transforms import GroupUsers
@@ -212,6 +213,16 @@ class BeamAggregator:
         self.max_jobs: int | None = None   # JobLimitReached before launching one more
         self._steps_per_job: dict[int, tuple] = {}
         self.make_runner = make_runner
+        # --template_location (a Flex Template launch): Beam writes each job there instead of
+        # running it; its result is left for the next launch (``keep_job_results``).
+        self.writes_templates = bool(given.get("template_location"))
+        self.job_results: JobResults | None = None
+
+    def keep_job_results(self, directory: str, checkpoint_file: str) -> JobResults:
+        """Template launches: each job leaves its result under ``directory`` (beam_dp.beam.
+        job_results); a job whose result is there is not built again."""
+        self.job_results = JobResults(directory, checkpoint_file)
+        return self.job_results
 
     # ------------------------------------------------------------------ building and running jobs
 
@@ -230,6 +241,20 @@ class BeamAggregator:
 
     def _path(self, name: str) -> str:
         return FileSystems.join(self.work_dir, f"{name}-{uuid.uuid4().hex}.pkl")
+
+    def _next_job(self, kind: str, steps: int = 0) -> tuple[str, object, str | None]:
+        """Where the next job leaves its result for the driver, that result if an earlier
+        launch's job already left it (else MISSING), and the job's key among the kept results
+        (None: results are not kept, the job runs here)."""
+        if self.job_results is None:
+            return self._path(kind), MISSING, None
+        key = self.job_results.next_key(kind, steps)
+        return self.job_results.path(key), self.job_results.load(key), key
+
+    def _side_file(self, key: str | None, name: str) -> str:
+        """A file a job reads (its initial state): kept with the job's result when the job runs
+        after this launch, else in the work directory."""
+        return self.job_results.path(key, name) if key is not None else self._path(name)
 
     def count_pipeline(self, path: str) -> beam.Pipeline:
         p = self._pipeline()
@@ -271,11 +296,16 @@ class BeamAggregator:
     def _run(self, kind: str, pipeline: beam.Pipeline, steps: int = 0) -> None:
         if self.max_jobs is not None and len(self.jobs) >= self.max_jobs:
             raise JobLimitReached(f"{len(self.jobs)} job(s) launched, the most allowed (--max-jobs)")
+        if self.writes_templates and self.job_results is None:
+            raise ValueError("--template_location: each launch writes one job, which runs after "
+                             "it; give --checkpoint-dir, where the job leaves its result for the "
+                             "next launch")
         start = time.perf_counter()
         result = None
         try:
             result = pipeline.run()   # an in-process runner runs the whole job here
-            result.wait_until_finish()
+            if not self.writes_templates:   # (a template's job runs after this launch)
+                result.wait_until_finish()
         except BaseException as e:
             # A remote job outlives an interrupted driver unless cancelled (it would go on
             # writing into a directory the driver is about to delete).
@@ -291,6 +321,10 @@ class BeamAggregator:
             # Template launch is tested offline: tests/test_deploy.py).
             self.jobs.append({"kind": kind, "steps": steps, "seconds": 0.0, "file_opens": None})
             raise JobLimitReached("--dry_run: the job was translated, not run")
+        if self.writes_templates:
+            self.jobs.append({"kind": kind, "steps": steps, "seconds": 0.0, "file_opens": None})
+            raise JobLimitReached(f"the {kind} job was written to --template_location; it runs "
+                                  "after this launch, and the next launch goes on from its result")
         self.jobs.append({"kind": kind, "steps": steps, "seconds": time.perf_counter() - start,
                           "file_opens": _counter(result, FILE_OPENS)})
         _release_job_memory()
@@ -306,23 +340,28 @@ class BeamAggregator:
         dropping = encoding is not None and encoding.drops_rows
         count = None if dropping else data.counted_rows(self.shards)
         if count is None:
-            path = self._path("count")
-            self._run("count", self.count_pipeline(path))
-            count = int(_take_pickle(path))
+            path, count, _ = self._next_job("count")
+            if count is MISSING:
+                self._run("count", self.count_pipeline(path))
+                count = _take_pickle(path)
+            count = int(count)
         if count == 0:  # as the local runner does (docs/trust-model.md names this leak)
             raise DataError(f"{', '.join(self.files)}: the input has no rows")
         return count
 
     def run_stages(self, stages: Sequence[Stage], state):
-        path = self._path("state")
+        path, found, key = self._next_job("stages", len(stages))
+        if found is not MISSING:
+            return found
         initial = state
         if _state_bytes(state) > STATE_IN_GRAPH_BYTES:
-            initial = StateFile(self._path("initial-state"))
+            initial = StateFile(self._side_file(key, "initial-state"))
             _write_pickle(state, initial.path)
         try:
             self._run("stages", self.stages_pipeline(stages, initial, path), steps=len(stages))
         finally:
-            if initial is not state:
+            # (a template's job reads its state file after this launch: kept with its result)
+            if initial is not state and key is None:
                 with contextlib.suppress(Exception):   # (a job that failed early never read it)
                     FileSystems.delete([initial.path])
         return _take_pickle(path)
@@ -362,16 +401,21 @@ class BeamAggregator:
             if manifest is not None and manifest.fingerprint == fingerprint:
                 return BatchFiles(resume, manifest, keep)
             _delete_tree(resume)   # incomplete, or another plan's: made anew
-        location = FileSystems.join(self.temp_root, f"beam-dp-batches-{uuid.uuid4().hex}")
+        written, found, key = self._next_job("batches", steps)
+        # (where a template's job will write them: named by its key, for the next launch)
+        location = FileSystems.join(self.temp_root,
+                                    f"beam-dp-batches-{key or uuid.uuid4().hex}")
         if "://" not in location:   # raw rows: readable by this user only, as the input may be
-            os.makedirs(location, mode=0o700)
+            os.makedirs(location, mode=0o700, exist_ok=key is not None)
         try:
-            written = self._path("batch-index")
-            self._run("batches", self.batches_pipeline(plan, steps, location, written), steps=steps)
+            if found is MISSING:
+                self._run("batches", self.batches_pipeline(plan, steps, location, written),
+                          steps=steps)
+                found = _take_pickle(written) if FileSystems.exists(written) else None
             names = sorted(os.path.basename(m.path) for r in FileSystems.match(
                 [FileSystems.join(location, batches.INDEX_PATTERN)])
                 for m in r.metadata_list)
-            if not FileSystems.exists(written) or sorted(_take_pickle(written)) != names:
+            if found is None or sorted(found) != names:
                 raise RuntimeError(
                     f"the workers' mini-batches are not all readable here under {self.temp_root}: "
                     "give --temp_location, a location this driver and the workers share")
@@ -379,8 +423,10 @@ class BeamAggregator:
                                         batches.steps_per_file(plan.expected_rows, self.dim), names)
             with FileSystems.create(FileSystems.join(location, batches.DONE)) as f:
                 f.write(manifest.dumps().encode())
-        except BaseException:
-            if not self.options.view_as(TestOptions).dry_run:   # a dry run wrote nothing there
+        except BaseException as e:
+            # A dry run's job never writes there, a template's only after this launch.
+            if not (isinstance(e, JobLimitReached) and
+                    (self.writes_templates or self.options.view_as(TestOptions).dry_run)):
                 _delete_tree(location)
             raise
         return BatchFiles(location, manifest, keep)
