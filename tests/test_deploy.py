@@ -29,6 +29,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from object_stores import gcs_server  # noqa: F401  (fixture)
+
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
 BEAM_VERSION = importlib.metadata.version("apache-beam")
@@ -437,27 +439,31 @@ def _beam_dp(*argv) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_cronjob_script_trains_the_day_before_its_scheduled_time(tmp_path):
-    """The CronJob's own script, run by /bin/sh with the project's beam-dp: local directories
-    for the bucket and the volume, a SQLite ledger, a Job name as a CronJob makes it."""
+def test_cronjob_script_trains_the_day_before_its_scheduled_time(tmp_path, gcs_server, cli):
+    """The CronJob's own script, run by /bin/sh with the project's beam-dp: its bucket a bucket
+    of the GCS server (tests/object_stores.py), a local directory for the volume, a SQLite
+    ledger, a Job name as a CronJob makes it."""
+    from beam_dp import publish
+
     partition = "2026-03-01"
     scheduled = datetime(2026, 3, 2, 2, 30, tzinfo=timezone.utc)
-    bucket, state = tmp_path / "bucket", tmp_path / "state"
-    _beam_dp("make-data", "--output", bucket / "data" / partition, "--n", 2000, "--d", 4,
-             "--validation-n", 0, "--shards", 2)
+    bucket, state = gcs_server.bucket(), tmp_path / "state"
+    assert cli("make-data", "--output", f"{bucket}/data/{partition}", "--n", 2000, "--d", 4,
+               "--validation-n", 0, "--shards", 2).code == 0
     ledger = tmp_path / "ledger.sqlite"
-    _beam_dp("ledger", "budget", "--ledger", ledger, "--dataset-id", "events",
-             "--partition", partition, "--epsilon", 3, "--delta", 1e-5)
-    script = cronjob_script().replace("gs://BUCKET", str(bucket)).replace("/state/", f"{state}/")
-    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}",
+    assert cli("ledger", "budget", "--ledger", ledger, "--dataset-id", "events",
+               "--partition", partition, "--epsilon", 3, "--delta", 1e-5).code == 0
+    script = cronjob_script().replace("gs://BUCKET", bucket).replace("/state/", f"{state}/")
+    env = dict(gcs_server.subprocess_env(), PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}",
                BEAM_DP_LEDGER=str(ledger),
                JOB_NAME=f"beam-dp-daily-{int(scheduled.timestamp()) // 60}")
     result = subprocess.run(["/bin/sh", "-c", script], env=env, capture_output=True, text=True,
-                            timeout=300)
+                            timeout=300, cwd=tmp_path)
     assert result.returncode == 0, result
     assert f"partition {partition}" in result.stdout
-    assert (bucket / "models" / partition / "model.json").is_file()
-    shown = _beam_dp("ledger", "show", "--ledger", ledger, "--dataset-id", "events").stdout
+    assert "model.json" in publish.read(f"{bucket}/models/{partition}", ["model.json"])
+    assert not (tmp_path / "gs:").exists()   # (where a model written past the store would land)
+    shown = cli("ledger", "show", "--ledger", ledger, "--dataset-id", "events").out
     assert partition in shown
 
 
