@@ -322,3 +322,34 @@ def test_an_audit_is_charged_as_a_release_of_its_own(tmp_path, data, capsys):
                "ds", "--canaries", "300", "--output", str(tmp_path / "c")]
     assert cli.main(refused) == EXIT_REFUSED
     assert not os.path.exists(tmp_path / "c")
+
+
+def test_rerunning_days_in_any_order_charges_nothing_new(tmp_path, data):
+    """A daily job's ordinary operations (issue 31): re-running a committed day rewrites its
+    model with the same bytes and new times; the day after it, warm-started from that model,
+    keeps its release (the model is identified by its bytes' hash), and so does a day whose
+    input file was touched (same bytes, new time) under --input-snapshot content. Backfilled
+    in reverse order: no new charge, the same outputs."""
+    ledger = _ledger(tmp_path)
+    day1, day2 = tmp_path / "day1", tmp_path / "day2"
+
+    def run(day, out, *flags):
+        common = ["--partition", day, "--overwrite", "--input-snapshot", "content", "--seed", "3"]
+        assert _train(data, out, ledger, *common, *flags) == 0
+
+    run("d1", day1)
+    run("d2", day2, "--warm-start", str(day1))
+    first = {d: _files(d) for d in (day1, day2)}
+    assert len(_charges(ledger)) == 2
+    input_file = sorted(os.path.join(os.path.dirname(data), n)
+                        for n in os.listdir(os.path.dirname(data)) if n.startswith("train-"))[0]
+    for _ in range(2):   # re-run day 1 then 2, then the backfill of both in reverse order
+        later = time.time() + 10
+        os.utime(input_file, (later, later))   # touched: same bytes
+        run("d1", day1)
+        os.utime(os.path.join(day1, "model.json"), (later, later))
+        run("d2", day2, "--warm-start", str(day1))
+        run("d2", day2, "--warm-start", str(day1))
+        run("d1", day1)
+    assert len(_charges(ledger)) == 2
+    assert {d: _files(d) for d in (day1, day2)} == first

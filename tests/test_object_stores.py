@@ -159,6 +159,21 @@ def test_a_dead_first_publish_counts_as_no_output(gcs_server):
     assert sorted(storage.list_files(out)) == [publish.MANIFEST, "model.json", "privacy_report.json"]
 
 
+def test_an_input_rewritten_with_the_same_bytes_keeps_its_release_id(object_store):
+    """Release ids (beam_dp.ledger.runs) take an object's checksum from its store, not its
+    time: a re-upload of the same bytes keeps the run's release, other bytes make a new one."""
+    from beam_dp.ledger import runs
+
+    path = object_store.bucket() + "/data/train-0.parquet"
+    storage.write_bytes(path, b"the same bytes")
+    before = runs.input_snapshot([path])
+    assert "checksum" in before[0] and "modified" not in before[0], before
+    storage.write_bytes(path, b"the same bytes")
+    assert runs.input_snapshot([path]) == before
+    storage.write_bytes(path, b"other bytes!!!")
+    assert runs.input_snapshot([path]) != before
+
+
 # ------------------------------------------------------------------------- the user's commands
 
 @pytest.mark.slow

@@ -111,6 +111,9 @@ def add_ledger_arguments(parser) -> None:
                         help="a partition the run reads (own budget); repeatable")
     ledger.add_argument("--orchestrator-id", action="append", default=None, metavar="KEY=VALUE",
                         help="who ran it, recorded with the charge; repeatable")
+    ledger.add_argument("--input-snapshot", choices=("metadata", "content"), default="metadata",
+                        metavar="HOW", help="content: local inputs' bytes, not times, in the "
+                                            "release id")
 
 
 def add_quality_arguments(parser, what: str) -> None:

@@ -126,7 +126,8 @@ def release_id(args, chosen, input_files, validation_files) -> str:
 
     configuration = {k: v for k, v in vars(args).items() if not k.startswith("_") and k not in (
         "command", "input", "validation", "output", "overwrite", "runner", "steps_per_job",
-        "checkpoint_dir", "max_jobs", "ledger", "orchestrator_id", "warm_start")}
+        "checkpoint_dir", "max_jobs", "ledger", "orchestrator_id", "warm_start",
+        "input_snapshot")}
     configuration["neighbouring"] = chosen.relation   # (the algorithm's options are in args)
     if configuration.get("rows_hint") is None:   # (release ids stay as before the flag)
         configuration.pop("rows_hint", None)
@@ -140,9 +141,10 @@ def release_id(args, chosen, input_files, validation_files) -> str:
     extra = [warm_start] if warm_start else []
     if warm_start and report.is_output_directory(warm_start):
         extra = [storage.join(warm_start, "model.json")]
-    snapshot = {"input": runs.input_snapshot(input_files),
-                "validation": runs.input_snapshot(validation_files),
-                "warm_start": runs.input_snapshot(extra)}
+    mode = getattr(args, "input_snapshot", None) or "metadata"
+    snapshot = {"input": runs.input_snapshot(input_files, mode),
+                "validation": runs.input_snapshot(validation_files, mode),
+                "warm_start": runs.artifact_snapshot(extra)}
     return runs.release_id(configuration, snapshot, beam_dp.__version__)
 
 

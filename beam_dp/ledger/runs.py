@@ -2,8 +2,9 @@
 
 Release id. A deterministic hash of what the run releases: its configuration (every train flag
 that can change the model or its guarantee, the dataset id and partitions), its input snapshot
-(each file's path, size and modification time, as the file system reports them: no content is
-read) and the code version. A scheduler's retry or a double submission of the same command on
+(``input_snapshot``: each file's size and its store's checksum, or locally its size and
+modification time unless ``--input-snapshot content``; a warm-start model by its bytes'
+hash) and the code version. A scheduler's retry or a double submission of the same command on
 the same files has the same id, so the ledger neither charges nor trains twice; new data, a new
 partition or a new release of beam-dp is a new release. Left out, as they do not change what is
 released: where the output, checkpoints and temp files go, the runner and its flags, progress,
@@ -23,25 +24,57 @@ import os
 
 from beam_dp.ledger import core
 
-# Increment when the meaning of a release id's fields changes.
-RELEASE_ID_VERSION = 1
+# Increment when the meaning of a release id's fields changes. 2: object-store inputs by their
+# store's checksum, not their modification time; a warm-start model by the hash of its bytes.
+RELEASE_ID_VERSION = 2
+# How a run's local input files enter its release id (--input-snapshot).
+SNAPSHOT_MODES = ("metadata", "content")
 
 
-def input_snapshot(paths) -> list[dict]:
-    """(path, size, modification time) of each file, from the file system's metadata (local or
-    remote: Beam's FileSystems), sorted by path. Sizes and times of the files, never contents."""
+def input_snapshot(paths, mode: str = "metadata") -> list[dict]:
+    """What identifies each input file, sorted by path: on an object store its size and the
+    checksum the store keeps (GCS's CRC32C, S3's ETag: same bytes re-uploaded, same id); on a
+    local disk its size and modification time (no content read), or with ``mode="content"``
+    the SHA-256 of its bytes (a touched or re-copied file with the same bytes, same id)."""
+    if mode not in SNAPSHOT_MODES:
+        raise ValueError(f"--input-snapshot must be one of {', '.join(SNAPSHOT_MODES)}")
     snapshot = []
     for path in sorted(set(paths)):
         if "://" in path:
             from apache_beam.io.filesystems import FileSystems
             metadata = FileSystems.match([path])[0].metadata_list[0]
-            size, mtime = metadata.size_in_bytes, metadata.last_updated_in_seconds
+            entry = {"path": path, "size": int(metadata.size_in_bytes)}
+            checksum = FileSystems.checksum(path)
+            if checksum:
+                entry["checksum"] = str(checksum)
+            else:   # a store that keeps none: its modification time
+                entry["modified"] = repr(float(metadata.last_updated_in_seconds))
+        elif mode == "content":
+            entry = {"path": os.path.abspath(path), "sha256": _sha256(path)}
         else:
             stat = os.stat(path)
-            size, mtime = stat.st_size, stat.st_mtime_ns / 1e9
-        snapshot.append({"path": os.path.abspath(path) if "://" not in path else path,
-                         "size": int(size), "modified": repr(float(mtime))})
+            entry = {"path": os.path.abspath(path), "size": int(stat.st_size),
+                     "modified": repr(stat.st_mtime_ns / 1e9)}
+        snapshot.append(entry)
     return snapshot
+
+
+def artifact_snapshot(paths) -> list[dict]:
+    """Small artifacts a run builds on (a warm-start model): the SHA-256 of their bytes, so that
+    a model written again with the same bytes (a re-run day's) keeps the runs after it the
+    same releases."""
+    from beam_dp import storage
+    return [{"path": p, "sha256": hashlib.sha256(storage.read_bytes(p)).hexdigest()}
+            for p in sorted(set(paths))]
+
+
+def _sha256(path: str) -> str:
+    from beam_dp import storage
+    digest = hashlib.sha256()
+    with storage.open_read(path) as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def release_id(configuration: dict, snapshot: list[dict], version: str) -> str:
