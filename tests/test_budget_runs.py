@@ -353,3 +353,110 @@ def test_rerunning_days_in_any_order_charges_nothing_new(tmp_path, data):
         run("d1", day1)
     assert len(_charges(ledger)) == 2
     assert {d: _files(d) for d in (day1, day2)} == first
+
+
+def _run_and_die(command: list[str], stage: str) -> int:
+    """``cli.main(command)`` in a forked child that SIGKILLs itself at ``stage`` (what kill -9
+    leaves: no handler, no cleanup); returns the child's wait status."""
+    from beam_dp import publish, storage
+    from beam_dp.algorithms import noisy_gd
+
+    def die():
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def after(owner, name, when=lambda *a, **k: True):
+        real = getattr(owner, name)
+
+        def wrapped(*args, **kwargs):
+            result = real(*args, **kwargs)
+            if when(*args, **kwargs):
+                die()
+            return result
+        setattr(owner, name, wrapped)
+
+    pid = os.fork()
+    if pid == 0:   # the child: never returns into pytest
+        try:
+            if stage == "after reserve":
+                after(core.Ledger, "reserve")
+            elif stage == "after the count's reservation":
+                after(core.Ledger, "extend")
+            elif stage == "after the plan":   # the second extension: the steps
+                extensions = []
+                after(core.Ledger, "extend", lambda *a, **k: extensions.append(1) or
+                      len(extensions) == 2)
+            elif stage == "mid-training":
+                after(noisy_gd, "save_checkpoint", lambda d, state, *a: state.step >= 2)
+            elif stage == "after commit":
+                after(core.Ledger, "commit")
+            elif stage == "during publish":
+                real = storage.write_bytes
+
+                def write_bytes(path, content, tmp_dir=None):
+                    if path.endswith(publish.MANIFEST):
+                        die()
+                    return real(path, content, tmp_dir)
+                storage.write_bytes = write_bytes
+            with open(os.devnull, "w") as quiet:
+                os.dup2(quiet.fileno(), 1)
+                os.dup2(quiet.fileno(), 2)
+                cli.main(command)
+        finally:
+            os._exit(0)
+    return os.waitpid(pid, 0)[1]
+
+
+STAGES = ["after reserve", "after the count's reservation", "after the plan", "mid-training",
+          "after commit", "during publish"]
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_kill_9_at_each_stage_then_rerun_charges_exactly_once(tmp_path, data, stage):
+    """kill -9 at each stage of a charged run, then the same command again: one charge,
+    committed, equal to an uninterrupted run's, and the same model (issue 31)."""
+    flags = ["--seed", "5", "--steps", "6", "--steps-per-job", "2", "--algorithm", "dpgd"]
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    clean = _ledger(reference)
+    assert _train(data, reference / "out", clean, *flags) == 0
+    ledger = _ledger(tmp_path)
+    command = ["train", "--input", data, "--output", str(tmp_path / "out"), "--runner", "local",
+               "--epsilon", "1", "--ledger", ledger, "--dataset-id", "ds",
+               "--checkpoint-dir", str(tmp_path / "ck"), *flags]
+    status = _run_and_die(command, stage)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (stage, status)
+    # Once the charge depends on the data (the plan's steps are calibrated to the noisy count),
+    # the plan is in the checkpoint: the rerun resumes it rather than count again.
+    saved = list((tmp_path / "ck").glob("*/state.npz"))
+    assert bool(saved) == (STAGES.index(stage) >= STAGES.index("after the plan")), stage
+    assert cli.main(command) == 0
+    (charge,) = _charges(ledger)
+    (expected,) = _charges(clean)
+    assert charge.status == "committed"
+    from beam_dp.accounting.job_ledger import _leaf_counts
+    assert _leaf_counts(charge.event) == _leaf_counts(expected.event), stage
+    assert charge.rdp_on(charge.orders) == pytest.approx(expected.rdp_on(expected.orders),
+                                                         rel=1e-9), stage
+    assert json.loads(_files(tmp_path / "out")["model.json"])["coefficients"] == \
+        json.loads(_files(reference / "out")["model.json"])["coefficients"]
+
+
+def test_a_bad_value_found_by_a_beam_worker_before_any_release_leaves_nothing_charged(tmp_path,
+                                                                                    capsys):
+    """A CSV's count is a Beam job: a value the worker refuses stops the run before its count
+    is noised. The run gave back its reservation (void), so fixing the file (a new release)
+    is charged once; before, the charge stayed reserved for good (issue 31)."""
+    assert cli.main(["make-data", "--output", str(tmp_path / "data"), "--n", "400", "--d", "2",
+                     "--validation-n", "0", "--format", "csv", "--shards", "2"]) == 0
+    shard = sorted((tmp_path / "data").glob("train-*.csv"))[-1]
+    lines = shard.read_text().splitlines()
+    lines[-1] = ",".join(["not-a-number"] * len(lines[-1].split(",")))
+    shard.write_text("\n".join(lines) + "\n")
+    ledger = _ledger(tmp_path)
+    code = cli.main(["train", "--input", str(tmp_path / "data" / "train-*.csv"), "--output",
+                     str(tmp_path / "out"), "--epsilon", "1", "--ledger", ledger, "--dataset-id",
+                     "ds", "--checkpoint-dir", str(tmp_path / "ck"), *BEAM])
+    assert code == 2, capsys.readouterr().err
+    (charge,) = _charges(ledger)
+    assert charge.status == "void"
+    assert not (tmp_path / "out").exists()

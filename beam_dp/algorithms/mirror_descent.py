@@ -547,6 +547,8 @@ def train(options: MirrorDescentOptions, problem: Problem, aggregator, seed: int
                          "(numpy, exact sampler geometry.sample_gg)"))
     if not geo["gaussian"]:
         params.update(kappa=geo["kappa"], epsilon_per_step=event.epsilon, delta_per_step=delta0)
+    if checkpoint_dir and resumed is None:   # the plan before its steps are charged
+        save_checkpoint(checkpoint_dir, state, public_config, public)
     ledger.record(name, event, count=state.step, **params)
     planned = ledger.event_after(name, event, steps - state.step, **params)
     ledger.admit(planned)
@@ -570,8 +572,6 @@ def train(options: MirrorDescentOptions, problem: Problem, aggregator, seed: int
             save_checkpoint(checkpoint_dir, new_state, public_config, public)
         progress(new_state.step, steps, ledger.progress_epsilon(privacy.delta, planned))
 
-    if checkpoint_dir and resumed is None:
-        save_checkpoint(checkpoint_dir, state, public_config, public)
     progress(state.step, steps, ledger.progress_epsilon(privacy.delta, planned))
     state = run_chunks(aggregator, step_fn, state, steps, problem.steps_per_chunk, after_chunk)
     theta = state.theta_sum if state.step > 0 else state.theta

@@ -271,6 +271,11 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
         step_params["sampler_delta_bound"] = sampler_delta
         if secure_noise.secure_noise_note() not in ledger.notes:
             ledger.notes.append(secure_noise.secure_noise_note())
+    if checkpoint_dir and resumed is None:
+        # The plan (its count and noise) is saved before the steps are charged: the charge's
+        # extension depends on the noisy count, so once it is in the ledger a rerun must find
+        # the same count here and resume, never make a new one (charged on top).
+        save_checkpoint(checkpoint_dir, state, public_config, plan)
     ledger.record(_step_release_name(q), step_event, count=state.step, **step_params)
     # The whole run's event, for a cheap progress epsilon (one PLD per run, not one per chunk).
     planned = ledger.event_after(_step_release_name(q), step_event, total_steps - state.step,
@@ -308,8 +313,6 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
             save_checkpoint(checkpoint_dir, new_state, public_config, plan)
         on_progress(new_state.step, total_steps, ledger.progress_epsilon(config.delta, planned))
 
-    if checkpoint_dir and resumed is None:   # the plan (its count and noise) before any job
-        save_checkpoint(checkpoint_dir, state, public_config, plan)
     on_progress(state.step, total_steps, ledger.progress_epsilon(config.delta, planned))
     state = run_chunks(aggregator, step_fn, state, total_steps, config.steps_per_chunk, after_chunk,
                        plan if checkpoint_dir else None, keep_batches=bool(checkpoint_dir))

@@ -32,7 +32,8 @@ def run_charged(url: str, release: str, dataset_id: str, partitions, relation: s
                 orchestrator: dict, epsilon: float | None,
                 run: Callable[[core.Ledger, runs.RunCharge], object],
                 write_released: Callable[[dict | None], object], from_checkpoint: bool = False,
-                notify: Callable[[str], None] = lambda message: None):
+                notify: Callable[[str], None] = lambda message: None,
+                checkpoint_dir: str | None = None):
     """``run(ledger, gate)``'s result, charged to the ledger at ``url`` as ``release``; or, for a
     release already committed, ``write_released(its stored output)`` (None: it was refused
     after its first releases). Raises RunRefused when the budget refuses the run,
@@ -45,7 +46,8 @@ def run_charged(url: str, release: str, dataset_id: str, partitions, relation: s
                 return write_released(charge.output)
             earlier = charge if charge is not None and charge.status == core.RESERVED else None
             gate = runs.RunCharge(ledger, release, dataset_id, partitions, relation,
-                                  orchestrator, earlier, from_checkpoint=from_checkpoint)
+                                  orchestrator, earlier, from_checkpoint=from_checkpoint,
+                                  checkpoint_dir=checkpoint_dir)
             if earlier is not None and gate.base is not None:
                 notify(f"release {release} has a reserved charge from an attempt whose "
                        f"checkpoint is not here: starting over, and charging this attempt's "
@@ -61,6 +63,12 @@ def run_charged(url: str, release: str, dataset_id: str, partitions, relation: s
                     kept = (" (the releases it made before this refusal, its dataset-size "
                             "count, stay charged: the refusal depends on them)")
                 raise RunRefused(f"{e}{kept}") from None
+            except Exception:
+                # A run that failed before any release could be seen (bad data found by a
+                # worker, say) gives its reservation back: a fixed input is a new release.
+                if gate.reserved and gate.released_nothing():
+                    ledger.void(release)
+                raise
 
 
 def charge_summary(ledger: core.Ledger, release: str, dataset_id: str) -> str:

@@ -22,8 +22,12 @@ import hashlib
 import json
 import os
 
+from beam_dp import storage
+from beam_dp.algorithms.base import CHECKPOINT_FILE
 from beam_dp.ledger import core
 
+# The orchestrator entry of a reservation naming where its attempt saves its state.
+CHECKPOINT_KEY = "checkpoint_dir"
 # Increment when the meaning of a release id's fields changes. 2: object-store inputs by their
 # store's checksum, not their modification time; a warm-start model by the hash of its bytes.
 RELEASE_ID_VERSION = 2
@@ -96,12 +100,30 @@ class RunCharge:
 
     def __init__(self, ledger: core.Ledger, release: str, dataset: str, partitions,
                  neighbouring: str, orchestrator: dict, earlier: core.Charge | None = None,
-                 from_checkpoint: bool = False):
+                 from_checkpoint: bool = False, checkpoint_dir: str | None = None):
         self.ledger, self.release = ledger, release
         self.dataset, self.partitions = dataset, partitions
-        self.neighbouring, self.orchestrator = neighbouring, orchestrator
+        self.neighbouring, self.orchestrator = neighbouring, dict(orchestrator)
+        self.checkpoint_dir = checkpoint_dir
+        if checkpoint_dir:   # where the attempt's state goes, for a later attempt to check
+            self.orchestrator[CHECKPOINT_KEY] = checkpoint_dir
         self.reserved = earlier is not None
-        self.base = None if earlier is None or from_checkpoint else earlier.event
+        # An earlier attempt that checkpointed to this directory and left nothing there made no
+        # release anyone can see: a run saves its plan (the first state that depends on the
+        # data) here before it extends the charge with anything that depends on the data, and
+        # what it reserved before that is public. This attempt then takes over its charge
+        # instead of charging on top. (Conservative where it cannot know: an earlier attempt
+        # that checkpointed elsewhere, or nowhere, is charged on top.)
+        takes_over = (earlier is not None and bool(checkpoint_dir) and not from_checkpoint
+                      and earlier.orchestrator.get(CHECKPOINT_KEY) == checkpoint_dir)
+        self.base = None if earlier is None or from_checkpoint or takes_over else earlier.event
+
+    def released_nothing(self) -> bool:
+        """Whether the charge covers no release anyone can see: all of it this attempt's (or
+        taken over from one that saw none), and no state saved in its checkpoint directory (a
+        run without one cannot tell: its charge's extension may depend on the data)."""
+        return (self.base is None and bool(self.checkpoint_dir)
+                and not storage.exists(storage.join(self.checkpoint_dir, CHECKPOINT_FILE)))
 
     def precheck(self, epsilon: float | None) -> None:
         """Before the run reads any data: refuses it, charging nothing, if a partition it reads
