@@ -383,12 +383,18 @@ def test_cronjob_policies():
     pod = job["template"]["spec"]
     assert pod["restartPolicy"] == "Never"   # podFailurePolicy requires it
     actions = {r["action"]: r for r in job["podFailurePolicy"]["rules"]}
-    assert 3 in actions["FailJob"]["onExitCodes"]["values"]          # budget refused: no retry
+    from beam_dp.cli.exit_codes import DO_NOT_RETRY, EXIT_TRANSIENT
+    assert sorted(actions["FailJob"]["onExitCodes"]["values"]) == sorted(DO_NOT_RETRY)
+    assert sorted(dag_task.CANNOT_SUCCEED) == sorted(DO_NOT_RETRY)   # (Airflow's venv: its own)
+    assert EXIT_TRANSIENT not in DO_NOT_RETRY
     assert any(75 in r.get("onExitCodes", {}).get("values", [])       # not finished: retry
                for r in job["podFailurePolicy"]["rules"] if r["action"] == "Ignore")
     (container,) = pod["containers"]
     env = {e["name"]: e["valueFrom"] for e in container["env"]}
     assert env["BEAM_DP_LEDGER"]["secretKeyRef"] == {"name": "beam-dp-ledger", "key": "url"}
+    # the password through the environment, never on the command line (/proc/*/cmdline)
+    assert env["PGPASSWORD"]["secretKeyRef"] == {"name": "beam-dp-ledger", "key": "password"}
+    assert "PASSWORD@" not in cronjob_script()
     assert "job-name" in env["JOB_NAME"]["fieldRef"]["fieldPath"]
     (mount,) = container["volumeMounts"]
     (volume,) = pod["volumes"]

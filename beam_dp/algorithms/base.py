@@ -26,6 +26,7 @@ import dataclasses
 import io
 import json
 import math
+import zipfile
 from typing import Callable, Protocol, Sequence
 
 import numpy as np
@@ -103,16 +104,31 @@ def save_checkpoint(directory: str, state: TrainState, config: dict, plan: dict)
     storage.write_bytes(storage.join(directory, CHECKPOINT_FILE), buffer.getvalue())
 
 
+class CorruptCheckpoint(Exception):
+    """A release's checkpoint that cannot be read (truncated, overwritten by hand): running the
+    same command again cannot help (``beam-dp`` exits 7)."""
+
+
 def load_checkpoint(directory: str, config: dict) -> tuple[TrainState, dict] | None:
     """The saved state and plan, if a checkpoint was written for the same public configuration."""
     if not checkpoint_exists(directory):
         return None
     path = storage.join(directory, CHECKPOINT_FILE)
-    with np.load(io.BytesIO(storage.read_bytes(path))) as z:
-        if json.loads(str(z["config"])) != json.loads(json.dumps(config, sort_keys=True)):
-            raise ValueError(f"{path} was written for a different configuration; "
-                             "remove it or use another --checkpoint-dir")
-        return (TrainState(z["theta"], z["theta_sum"], int(z["step"])), json.loads(str(z["plan"])))
+    content = storage.read_bytes(path)   # (a failing read is the file system's error)
+    try:
+        with np.load(io.BytesIO(content)) as z:
+            saved = json.loads(str(z["config"]))
+            state = TrainState(z["theta"], z["theta_sum"], int(z["step"]))
+            plan = json.loads(str(z["plan"]))
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+        raise CorruptCheckpoint(
+            f"{path} is not a readable checkpoint ({type(e).__name__}): delete {directory} (or "
+            f"give another --checkpoint-dir) to start this release over; what its earlier "
+            f"attempts released stays charged in the ledger") from None
+    if saved != json.loads(json.dumps(config, sort_keys=True)):
+        raise ValueError(f"{path} was written for a different configuration; "
+                         "remove it or use another --checkpoint-dir")
+    return state, plan
 
 
 def run_chunks(aggregator: Aggregator, step_fn: Stage, state: TrainState, total_steps: int,

@@ -34,7 +34,8 @@ logging.getLogger().addFilter(_WithoutApitoolsNotice())
 
 from beam_dp import storage  # noqa: E402
 from beam_dp.cli import audit, datasets, latest, listing, predict, train, tune  # noqa: E402
-from beam_dp.cli.exit_codes import EXIT_QUALITY  # noqa: E402
+from beam_dp.cli.exit_codes import (EXIT_CORRUPT_CHECKPOINT, EXIT_QUALITY,  # noqa: E402
+                                    EXIT_TRANSIENT, TRANSIENT_ERRNOS)
 from beam_dp.cli.interrupts import INTERRUPTED, on_interrupt  # noqa: E402
 from beam_dp.cli.parsing import (Parser, refuse_other_algorithms_flags,  # noqa: E402
                                  refuse_unknown_flags, stray_arguments)
@@ -140,8 +141,9 @@ def _run(args, extra: list[str]) -> int:
 
 
 def _main(argv: list[str]) -> int:
+    from beam_dp.algorithms.base import CorruptCheckpoint
     from beam_dp.data import DataError
-    from beam_dp.ledger.store import LedgerError
+    from beam_dp.ledger.store import LedgerError, LedgerUnavailable
     from beam_dp.quality import ModelQualityError
 
     try:   # usage errors (and --help) exit through argparse: return their code instead
@@ -156,10 +158,23 @@ def _main(argv: list[str]) -> int:
     except ModelQualityError as e:   # its text: public settings and noisy (DP) figures only
         print(f"beam-dp: error: {_one_line(e)}", file=sys.stderr)
         return EXIT_QUALITY
+    except CorruptCheckpoint as e:
+        print(f"beam-dp: error: {_one_line(e)}", file=sys.stderr)
+        return EXIT_CORRUPT_CHECKPOINT
+    except LedgerUnavailable as e:
+        print(f"beam-dp: error: {e} (temporary: run the same command again later)",
+              file=sys.stderr)
+        return EXIT_TRANSIENT
     except LedgerError as e:
         print(f"beam-dp: error: {e}", file=sys.stderr)
         return 2
-    except (DataError, ValueError, TypeError, OSError) as e:
+    except OSError as e:
+        print(f"beam-dp: error: {_one_line(e)}", file=sys.stderr)
+        if e.errno in TRANSIENT_ERRNOS:   # another attempt may succeed, and resumes
+            print("beam-dp: (temporary: run the same command again later)", file=sys.stderr)
+            return EXIT_TRANSIENT
+        return 2
+    except (DataError, ValueError, TypeError) as e:
         print(f"beam-dp: error: {_one_line(e)}", file=sys.stderr)
         return 2
     except Exception as e:  # a Beam runner wraps worker errors; show our one line if it is there

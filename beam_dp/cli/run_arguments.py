@@ -9,8 +9,8 @@ import textwrap
 from beam_dp.cli.parsing import DEFAULT_ALGORITHM, columns, positive_int, requested_algorithm
 
 # The exit codes a run charged to the ledger may end with (said in its help).
-LEDGER_EPILOG = ("Exit codes: 3 refused by the budget, 4 the same release is running elsewhere,\n"
-                 "6 refused by the quality check, 75 --max-jobs reached.")
+LEDGER_EPILOG = ("Exit codes: 3 refused by the budget, 4 running elsewhere, 6 refused by the\n"
+                 "quality check, 7 unreadable checkpoint, 69 temporary (retry), 75 run again.")
 
 
 def add_run_arguments(parser, audit: bool) -> None:

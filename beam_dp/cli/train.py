@@ -113,6 +113,8 @@ def run_charged(args, chosen, release: str, orchestrator: dict, run, write_relea
     except core.ReleaseInProgress as e:
         print(f"beam-dp: {e}", file=sys.stderr)
         return EXIT_IN_PROGRESS
+    except core.LedgerUnavailable:
+        raise   # (a temporary failure: its exit code is main's)
     except core.LedgerError as e:
         print(f"beam-dp: error: {e}", file=sys.stderr)
         return 2

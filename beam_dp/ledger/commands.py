@@ -54,8 +54,9 @@ def run(args) -> int:
             print(command[args.ledger_command](ledger, args), end="")
         return 0
     except core.LedgerError as error:
+        from beam_dp.cli.exit_codes import EXIT_TRANSIENT, EXIT_USAGE
         print(f"beam-dp ledger: error: {error}", file=sys.stderr)
-        return 2
+        return EXIT_TRANSIENT if isinstance(error, core.LedgerUnavailable) else EXIT_USAGE
 
 
 # --------------------------------------------------------------------------------- commands

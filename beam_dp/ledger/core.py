@@ -21,7 +21,8 @@ from dp_accounting import dp_event
 
 from beam_dp import accounting
 from beam_dp.ledger import events, filter as rdp_filter, store
-from beam_dp.ledger.store import LedgerError, ReleaseInProgress, SchemaTooNew  # noqa: F401
+from beam_dp.ledger.store import (LedgerError, LedgerUnavailable, ReleaseInProgress,  # noqa: F401
+                                  SchemaTooNew)
 
 RESERVED, COMMITTED, VOID = "reserved", "committed", "void"
 # What ``reserve`` tells its caller.

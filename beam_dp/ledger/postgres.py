@@ -39,8 +39,9 @@ class PostgresStore(store.Store):
         try:
             self._conn = psycopg.connect(url, autocommit=True)
         except psycopg.OperationalError as error:
-            raise store.LedgerError(
-                f"cannot connect to the ledger at {store.redact(url)}: {error}") from None
+            raise store.LedgerUnavailable(
+                f"cannot connect to the ledger at {store.redact(url)}: {_first_line(error)}"
+            ) from None
         with self._conn.transaction():
             cursor = self._conn.cursor()
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
@@ -48,11 +49,16 @@ class PostgresStore(store.Store):
 
     @contextlib.contextmanager
     def transaction(self, dataset: str | None = None):
-        with self._conn.transaction():
-            tx = store.Transaction(self._conn.cursor(), self.placeholder)
-            if dataset is not None:
-                self.lock_dataset(tx, dataset)
-            yield tx
+        psycopg = _psycopg()
+        try:
+            with self._conn.transaction():
+                tx = store.Transaction(self._conn.cursor(), self.placeholder)
+                if dataset is not None:
+                    self.lock_dataset(tx, dataset)
+                yield tx
+        except psycopg.OperationalError as error:   # the server went away, restarted, ...
+            raise store.LedgerUnavailable(
+                f"the ledger at {store.redact(self.url)}: {_first_line(error)}") from None
 
     def lock_dataset(self, tx: store.Transaction, dataset: str) -> None:
         # The lock every writer of this dataset takes first. No row yet: nothing to admit
@@ -63,7 +69,12 @@ class PostgresStore(store.Store):
     def run_lock(self, release_id: str, wait: float):
         psycopg = _psycopg()
         key = int.from_bytes(store.lock_key(release_id)[:8], "big", signed=True)
-        conn = psycopg.connect(self.url, autocommit=True)
+        try:
+            conn = psycopg.connect(self.url, autocommit=True)
+        except psycopg.OperationalError as error:
+            raise store.LedgerUnavailable(
+                f"cannot connect to the ledger at {store.redact(self.url)}: "
+                f"{_first_line(error)}") from None
         try:
             def try_acquire() -> bool:
                 return bool(conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0])
@@ -75,3 +86,8 @@ class PostgresStore(store.Store):
 
     def close(self) -> None:
         self._conn.close()
+
+
+def _first_line(error: BaseException) -> str:
+    """psycopg's message without its hint lines (one line for the user's log)."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]

@@ -46,8 +46,8 @@ class SqliteStore(store.Store):
         # only a flag here); a plain BEGIN reads one consistent snapshot.
         try:
             self._conn.execute("BEGIN IMMEDIATE" if dataset is not None else "BEGIN")
-        except sqlite3.OperationalError as error:
-            raise store.LedgerError(f"the ledger {self.path}: {error}") from None
+        except sqlite3.OperationalError as error:   # locked past BUSY_TIMEOUT, ...
+            raise store.LedgerUnavailable(f"the ledger {self.path}: {error}") from None
         try:
             yield store.Transaction(self._conn.cursor(), "?")
             self._conn.execute("COMMIT")
@@ -55,7 +55,7 @@ class SqliteStore(store.Store):
             if self._conn.in_transaction:
                 self._conn.execute("ROLLBACK")
             if isinstance(error, sqlite3.OperationalError):   # read-only, disk full, ...
-                raise store.LedgerError(f"the ledger {self.path}: {error}") from None
+                raise store.LedgerUnavailable(f"the ledger {self.path}: {error}") from None
             raise
 
     @contextlib.contextmanager

@@ -56,6 +56,11 @@ class LedgerError(Exception):
     """Anything the ledger refuses, with a message that says what and why."""
 
 
+class LedgerUnavailable(LedgerError):
+    """The ledger's database cannot be used now (unreachable, locked past the wait, restarted,
+    out of space): the same command later may succeed."""
+
+
 class ReleaseInProgress(LedgerError):
     """Another process holds this release id's lock: the run is already under way."""
 

@@ -16,6 +16,11 @@ BUDGET_REFUSED = 3     # the ledger refused the run: rerunning cannot help
 USAGE_ERROR = 2        # bad flags or bad data: rerunning cannot help
 QUALITY_REFUSED = 6    # the model diverged or is much worse than a constant: rerunning spends
                        # budget on the same settings (a resumed one finds the same verdict)
+IN_PROGRESS = 4        # the same release runs elsewhere: that run finishes it
+CORRUPT_CHECKPOINT = 7   # the release's checkpoint is unreadable: a person must discard it
+# Any other code (69: disk full, ledger locked or unreachable; a crash) fails the attempt and
+# Airflow's retries resume from the checkpoint.
+CANNOT_SUCCEED = (USAGE_ERROR, BUDGET_REFUSED, IN_PROGRESS, QUALITY_REFUSED, CORRUPT_CHECKPOINT)
 DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 
@@ -68,7 +73,7 @@ def redacted(command: list[str]) -> str:
 def run_until_done(command: list[str], log: Callable[[str], None],
                    max_runs: int = 1000) -> int:
     """Runs ``command`` again while it exits 75; returns how many times it ran. Raises
-    CannotSucceed on exit 2, 3 or 6 (with beam-dp's error line), RuntimeError on other failures
+    CannotSucceed on exit 2, 3, 4, 6 or 7 (with beam-dp's error line), RuntimeError on other failures
     (the task's retries then resume from the checkpoint)."""
     for run in range(1, max_runs + 1):
         log(f"running ({run}): {redacted(command)}")
@@ -89,7 +94,6 @@ def run_until_done(command: list[str], log: Callable[[str], None],
         if code != NOT_FINISHED:
             errors = [l for l in lines if l.startswith("beam-dp: error")] or lines[-1:]
             message = f"beam-dp exited with code {code}: {' '.join(errors)}"
-            raise (CannotSucceed if code in (BUDGET_REFUSED, USAGE_ERROR, QUALITY_REFUSED)
-                   else RuntimeError)(message)
+            raise (CannotSucceed if code in CANNOT_SUCCEED else RuntimeError)(message)
         log("beam-dp: not finished (exit code 75): running the same command again")
     raise RuntimeError(f"beam-dp still not finished after {max_runs} runs")
