@@ -81,7 +81,8 @@ def prefetch_epsilon(event: events.DpEvent, delta: float, accountant: str = "pld
 
     def job():
         try:
-            work()
+            if not _CLOSING.is_set():   # (the process is ending: nobody will ask)
+                work()
         finally:
             with _CACHE_LOCK:
                 _QUEUED.discard(done)
@@ -91,6 +92,7 @@ def prefetch_epsilon(event: events.DpEvent, delta: float, accountant: str = "pld
 
 
 _QUEUED: set = set()   # prefetches not yet finished (queued or running), for ``settle``
+_CLOSING = threading.Event()   # set by ``shutdown``: queued prefetches are skipped
 _WORKER: tuple[int, queue.SimpleQueue] | None = None   # (process id, its work queue)
 _WORKER_LOCK = threading.Lock()
 
@@ -113,6 +115,19 @@ def _background() -> queue.SimpleQueue:
             threading.Thread(target=serve, name="beam-dp-accounting", daemon=True).start()
             _WORKER = (os.getpid(), work_queue)
         return _WORKER[1]
+
+
+def shutdown(timeout: float = 60.0) -> bool:
+    """Before the process exits: skips the queued prefetches and waits for the running one;
+    False if it is still running after ``timeout`` seconds. At exit the interpreter ends daemon
+    threads by unwinding them where they wait for the GIL; one inside scipy's FFT (a PLD
+    convolution, C++) then aborts the whole process (SIGABRT, exit 134, "terminate called
+    without an active exception") instead of exiting with the run's code: 3 of 48 refused runs
+    racing for a budget did. ``console_main`` waits here, or ends without that unwinding."""
+    _CLOSING.set()
+    with _CACHE_LOCK:
+        running = list(_QUEUED)
+    return all(done.wait(timeout) for done in running)
 
 
 def settle() -> None:

@@ -51,14 +51,18 @@ class Ledger:
         self.gate = gate
         self._admitted: collections.Counter = collections.Counter()
 
-    def admit(self, planned: events.DpEvent) -> None:
+    def admit(self, planned: events.DpEvent, whole_run: bool = False) -> None:
         """Before releases: ``planned`` is everything this job will have released once they are
         made (e.g. ``event_after(...)`` with a whole run's steps). The gate, if any, admits it
-        or raises; what it admitted needs no second admission as it is recorded."""
+        or raises; what it admitted needs no second admission as it is recorded. ``whole_run``:
+        ``planned`` is all the run will release, which the gate may want to know
+        (``beam_dp.ledger.runs.RunCharge.whole_run_admitted``: other runs may be admitted)."""
         leaves = _leaf_counts(planned)
         if self.gate is not None and not _within(leaves, self._admitted):
             self.gate(planned)
         self._admitted |= leaves
+        if whole_run and self.gate is not None:
+            getattr(self.gate, "whole_run_admitted", lambda: None)()
 
     def record(self, name: str, event: events.DpEvent, count: int = 1, **params) -> None:
         """Records releases, admitted first (``admit``) unless already admitted: record before

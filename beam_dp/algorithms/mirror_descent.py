@@ -551,7 +551,7 @@ def train(options: MirrorDescentOptions, problem: Problem, aggregator, seed: int
         save_checkpoint(checkpoint_dir, state, public_config, public)
     ledger.record(name, event, count=state.step, **params)
     planned = ledger.event_after(name, event, steps - state.step, **params)
-    ledger.admit(planned)
+    ledger.admit(planned, whole_run=True)
     # The plan's epsilon (memoized: progress output reads it, as RDP cannot bound these events).
     planned_epsilon = accounting.epsilon_of(planned, privacy.delta, privacy.accountant,
                                             accounting.REPLACE_ONE)

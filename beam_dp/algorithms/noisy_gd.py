@@ -280,7 +280,8 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
     # The whole run's event, for a cheap progress epsilon (one PLD per run, not one per chunk).
     planned = ledger.event_after(_step_release_name(q), step_event, total_steps - state.step,
                                  **step_params)
-    ledger.admit(planned)   # the steps are recorded after each chunk: admitted before the first
+    # The steps are recorded after each chunk: admitted before the first.
+    ledger.admit(planned, whole_run=True)
 
     step_class = UserGradientStep if user_bounding is not None else NoisyGradientStep
     adaptive = {}

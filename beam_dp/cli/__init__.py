@@ -99,7 +99,11 @@ def console_main() -> None:
     # wind down must not turn its exit code into 130.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
-    if INTERRUPTED.is_set():
+    # The accounting thread must not be inside a C++ computation when the interpreter ends its
+    # daemon threads: that aborts the process (``accountants.shutdown``).
+    accountants = sys.modules.get("beam_dp.accounting.accountants")
+    idle = accountants is None or accountants.shutdown()
+    if INTERRUPTED.is_set() or not idle:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

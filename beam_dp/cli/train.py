@@ -106,7 +106,7 @@ def run_charged(args, chosen, release: str, orchestrator: dict, run, write_relea
             args.ledger, release, args.dataset_id, args.partition, chosen.relation, orchestrator,
             args.epsilon, run_and_say, write_released, from_checkpoint,
             notify=lambda message: print(f"beam-dp: {message}", file=sys.stderr),
-            checkpoint_dir=getattr(args, "checkpoint_dir", None))
+            checkpoint_dir=getattr(args, "checkpoint_dir", None), delta=getattr(args, "delta", None))
     except charged_run.RunRefused as e:
         print(f"beam-dp: {e}", file=sys.stderr)
         return EXIT_REFUSED

@@ -6,6 +6,7 @@ checkpoint is here), each of its releases charged through a ``runs.RunCharge`` g
 the budget refuses keeps charged what it released before the refusal."""
 from __future__ import annotations
 
+import contextlib
 from typing import Callable
 
 from beam_dp.ledger import core, filter as rdp_filter, runs
@@ -33,7 +34,7 @@ def run_charged(url: str, release: str, dataset_id: str, partitions, relation: s
                 run: Callable[[core.Ledger, runs.RunCharge], object],
                 write_released: Callable[[dict | None], object], from_checkpoint: bool = False,
                 notify: Callable[[str], None] = lambda message: None,
-                checkpoint_dir: str | None = None):
+                checkpoint_dir: str | None = None, delta: float | None = None):
     """``run(ledger, gate)``'s result, charged to the ledger at ``url`` as ``release``; or, for a
     release already committed, ``write_released(its stored output)`` (None: it was refused
     after its first releases). Raises RunRefused when the budget refuses the run,
@@ -53,9 +54,15 @@ def run_charged(url: str, release: str, dataset_id: str, partitions, relation: s
                        f"checkpoint is not here: starting over, and charging this attempt's "
                        f"releases on top of it")
             try:
-                if not gate.reserved:
-                    gate.precheck(epsilon)
-                return run(ledger, gate)
+                with contextlib.ExitStack() as admission:
+                    if not gate.reserved:
+                        # One new run of these partitions at a time from its pre-check until
+                        # its whole plan is charged (the gate lets go then): each is refused
+                        # before reading data if the runs admitted before it leave too little.
+                        admission.enter_context(ledger.admission(dataset_id, partitions))
+                        gate.admission = admission
+                        gate.precheck(epsilon, delta)
+                    return run(ledger, gate)
             except core.BudgetExceeded as e:
                 kept = ""
                 if gate.reserved:   # what the run released before the refusal stays charged

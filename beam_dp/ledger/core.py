@@ -194,6 +194,11 @@ def open_ledger(url: str, create: bool = True) -> "Ledger":
         raise LedgerError(f"cannot open the ledger {shown}: {reason}") from None
 
 
+# How long a new run waits for the runs of its partitions being admitted before it (their
+# pre-checks, counts and plans: seconds, or a Beam job's minutes).
+ADMISSION_WAIT = 900.0
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds")
 
@@ -465,6 +470,34 @@ class Ledger:
                                           json.dumps(list(rdp_filter.ORDERS)), release_id,
                                           RESERVED))
             return self._charge(tx, release_id)
+
+    @contextlib.contextmanager
+    def admission(self, dataset: str, partitions, wait: float = ADMISSION_WAIT):
+        """Held by a new run from its pre-check until its whole plan is charged: the runs of a
+        partition are admitted one at a time, each checking its budget against what the ones
+        before it reserved, so that of N runs racing for a budget that admits k, the others are
+        refused before they read any data. Freed if the process dies. LedgerUnavailable after
+        ``wait`` seconds (another run's admission took that long)."""
+        keys = _partition_keys(partitions)
+        names = sorted(f"admission\0{dataset}\0{key or ''}" for key in (keys or (None,)))
+        with contextlib.ExitStack() as held:
+            for name in names:
+                try:
+                    held.enter_context(self._store.run_lock(name, wait))
+                except ReleaseInProgress:
+                    raise LedgerUnavailable(
+                        f"another run of {_names(keys) if keys else repr(dataset)} was still "
+                        f"being admitted after {wait:g} s: run again later") from None
+            yield
+
+    def check_admits(self, dataset: str, partitions, event: dp_event.DpEvent,
+                     neighbouring: str = accounting.ADD_REMOVE) -> None:
+        """BudgetExceeded (NoBudget) unless ``event`` would be admitted now, next to every
+        reserved and committed charge of the partitions; nothing is written."""
+        keys = _partition_keys(partitions)
+        rdp = rdp_filter.rdp_curve(event, rdp_filter.relation(neighbouring))
+        with self._store.transaction() as tx:
+            self._admit(tx, "(this run)", dataset, keys, self._live_charges(tx, dataset), rdp)
 
     @contextlib.contextmanager
     def lock(self, release_id: str, wait: float = 0.0):

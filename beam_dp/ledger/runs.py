@@ -81,6 +81,20 @@ def _sha256(path: str) -> str:
     return digest.hexdigest()
 
 
+def stand_in(epsilon: float, delta: float, neighbouring: str):
+    """A run of (epsilon, delta) as the filter sees it before the run knows its releases: one
+    Gaussian mechanism calibrated by dp_accounting's PLD accountant to exactly that (epsilon,
+    delta). A DP-GD run is close to it (its steps compose to one Gaussian; its count and quality
+    check take a share); other runs compose differently, which the admission proper sees."""
+    from dp_accounting import dp_event, mechanism_calibration
+    from beam_dp import accounting
+
+    sigma = mechanism_calibration.calibrate_dp_mechanism(
+        lambda: accounting.make_accountant("pld", neighbouring), dp_event.GaussianDpEvent,
+        epsilon, delta, mechanism_calibration.LowerEndpointAndGuess(1e-3, 1.0))
+    return dp_event.GaussianDpEvent(sigma)
+
+
 def release_id(configuration: dict, snapshot: list[dict], version: str) -> str:
     """The hash of a run's configuration, input snapshot and code version (module docstring)."""
     text = json.dumps({"release_id_version": RELEASE_ID_VERSION, "configuration": configuration,
@@ -117,6 +131,7 @@ class RunCharge:
         takes_over = (earlier is not None and bool(checkpoint_dir) and not from_checkpoint
                       and earlier.orchestrator.get(CHECKPOINT_KEY) == checkpoint_dir)
         self.base = None if earlier is None or from_checkpoint or takes_over else earlier.event
+        self.admission = None   # (an ExitStack holding core.Ledger.admission, set by the caller)
 
     def released_nothing(self) -> bool:
         """Whether the charge covers no release anyone can see: all of it this attempt's (or
@@ -125,13 +140,23 @@ class RunCharge:
         return (self.base is None and bool(self.checkpoint_dir)
                 and not storage.exists(storage.join(self.checkpoint_dir, CHECKPOINT_FILE)))
 
-    def precheck(self, epsilon: float | None) -> None:
+    def whole_run_admitted(self) -> None:
+        """The accounting ledger's word that the run's whole plan is now charged: the runs of
+        its partitions waiting to be admitted may go on (``core.Ledger.admission``)."""
+        if self.admission is not None:
+            self.admission.close()
+
+    def precheck(self, epsilon: float | None, delta: float | None = None) -> None:
         """Before the run reads any data: refuses it, charging nothing, if a partition it reads
         has no budget, or less epsilon left (the filter's reading) than the run's target. Only
         public values decide (the ledger and the requested epsilon), so the refusal reveals
-        nothing about the data; the filter's own admission, once the run knows its releases,
-        still decides the rest (a run that passes here may be refused there, after its count:
-        the count is then charged, as the refusal depends on it)."""
+        nothing about the data. With the run's ``delta`` too, the filter is asked whether it
+        would admit a stand-in for the whole run (``stand_in``: a Gaussian mechanism of the
+        run's (epsilon, delta)) next to the charges already there; under the partitions'
+        admission lock (``core.Ledger.admission``) those include every run admitted before. The
+        filter's own admission, once the run knows its releases, still decides (a run whose
+        releases compose worse than the stand-in may be refused there, after its count: the
+        count is then charged, as the refusal depends on it)."""
         for partition in self.partitions or [None]:
             view = self.ledger.explain(self.dataset, partition)
             where = core._where(self.dataset, partition)
@@ -140,7 +165,8 @@ class RunCharge:
                     f"no budget is declared for {where}: declare one (beam-dp ledger budget "
                     f"--dataset-id {self.dataset} --epsilon E --delta D) before running on it")
             remaining = view.remaining_epsilon
-            if epsilon is not None and epsilon > remaining:
+            # (without the run's delta, a cruder reading: its epsilon against what is left)
+            if epsilon is not None and delta is None and epsilon > remaining:
                 raise core.BudgetExceeded(
                     f"refused before reading any data: {where} has epsilon="
                     f"{max(0.0, remaining):.4g} remaining of its lifetime {view.budget.epsilon:g} at "
@@ -151,6 +177,16 @@ class RunCharge:
                     f"epsilon may still fit; beam-dp ledger explain)",
                     self.dataset, partition, view.spent_epsilon, view.spent_epsilon + epsilon,
                     view.budget)
+        if epsilon is not None and delta is not None:
+            try:
+                self.ledger.check_admits(self.dataset, self.partitions, stand_in(
+                    epsilon, delta, self.neighbouring), self.neighbouring)
+            except core.BudgetExceeded as e:
+                raise core.BudgetExceeded(
+                    f"refused before reading any data, nothing charged: {e} (the run's "
+                    f"epsilon={epsilon:g}, delta={delta:g}, as one Gaussian mechanism)",
+                    e.dataset, e.partition, e.spent_epsilon, e.epsilon_with_run,
+                    e.budget) from None
 
     def __call__(self, event) -> None:
         if self.reserved:
