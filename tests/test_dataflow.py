@@ -196,46 +196,6 @@ def test_dp_ambssgd_batch_job_translates(tmp_path, record_property):
              "dp-ambssgd-batches")
 
 
-@pytest.mark.slow
-def test_a_flex_template_launch_translates_exactly_one_job(tmp_path, monkeypatch):
-    """pipelines/flex_template_main.py (the Flex Template's entry point) with the Dataflow
-    runner's offline dry run: each launch builds and submits exactly one Dataflow job, then
-    stops (exit 75 inside, "launch again" in its status file), whatever the run still needs."""
-    import importlib.util
-    import json
-    import os
-
-    from apache_beam.runners.dataflow import dataflow_runner
-
-    from beam_dp import cli
-
-    spec = importlib.util.spec_from_file_location(
-        "flex_template_main", os.path.join(os.path.dirname(__file__), "..", "pipelines",
-                                           "flex_template_main.py"))
-    flex_main = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(flex_main)
-    assert cli.main(["make-data", "--output", str(tmp_path / "data"), "--n", "2000", "--d", "4",
-                     "--validation-n", "0"]) == 0
-    submitted = []
-    run_pipeline = dataflow_runner.DataflowRunner.run_pipeline
-
-    def counting(self, pipeline, options):   # the real runner, counted
-        submitted.append(pipeline)
-        return run_pipeline(self, pipeline, options)
-
-    monkeypatch.setattr(dataflow_runner.DataflowRunner, "run_pipeline", counting)
-    status = tmp_path / "status.json"
-    launch = [f"--input={tmp_path / 'data'}/train-*.parquet", f"--output={tmp_path / 'model'}",
-              f"--checkpoint_dir={tmp_path / 'ckpt'}", "--epsilon=1",
-              "--train_args=--algorithm dpgd --max-steps 30", f"--status_file={status}",
-              *DATAFLOW_ARGS]
-    for launches in (1, 2):
-        assert flex_main.main(launch) == 0
-        outcome = json.loads(status.read_text())
-        assert len(submitted) == launches and outcome["launch_again"] and not outcome["finished"]
-    assert not (tmp_path / "model").exists()
-
-
 def test_the_quality_check_job_of_a_2_to_the_20_column_model_carries_no_model(tmp_path,
                                                                               record_property):
     """The private quality check of a model hashed to 2^20 columns: its coefficients (8 MB) go
@@ -259,7 +219,7 @@ def test_the_quality_check_job_of_a_2_to_the_20_column_model_carries_no_model(tm
     assert sent < 1 << 20, sent
 
 
-@pytest.mark.parametrize("algorithm", ["dpsgd"])   # (dpgd's launch: test_a_flex_template_...)
+@pytest.mark.parametrize("algorithm", ["dpsgd"])   # (dpgd's: tests/test_flex_template.py)
 def test_a_dry_run_of_the_default_command_exits_75_without_the_network(tmp_path, cli, algorithm):
     """`beam-dp train` with DataflowRunner's --dry_run: the first job is translated, the run
     stops there with exit 75 (as after --max-jobs), and nothing reached for the network (the
