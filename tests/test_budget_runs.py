@@ -338,6 +338,7 @@ def test_an_audit_is_charged_as_a_release_of_its_own(tmp_path, data, capsys):
     assert not os.path.exists(tmp_path / "c")
 
 
+@pytest.mark.slow
 def test_rerunning_days_in_any_order_charges_nothing_new(tmp_path, data):
     """A daily job's ordinary operations (issue 31): re-running a committed day rewrites its
     model with the same bytes and new times; the day after it, warm-started from that model,
@@ -424,6 +425,7 @@ STAGES = ["after reserve", "after the count's reservation", "after the plan", "m
           "after commit", "during publish"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", STAGES)
 def test_kill_9_at_each_stage_then_rerun_charges_exactly_once(tmp_path, data, stage):
     """kill -9 at each stage of a charged run, then the same command again: one charge,

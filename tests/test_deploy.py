@@ -175,6 +175,7 @@ def test_airflow_task_command_parses():
                                     "airflow_run_id=scheduled__2026-03-02T00:00:00+00:00"]
 
 
+@pytest.mark.slow   # (three beam-dp processes: 7 s)
 def test_airflow_task_warm_starts_from_the_newest_earlier_model(tmp_path):
     from beam_dp import publish
 

@@ -159,6 +159,7 @@ def test_a_dead_first_publish_counts_as_no_output(gcs_server):
     assert sorted(storage.list_files(out)) == [publish.MANIFEST, "model.json", "privacy_report.json"]
 
 
+@pytest.mark.slow
 def test_an_input_rewritten_with_the_same_bytes_keeps_its_release_id(object_store):
     """Release ids (beam_dp.ledger.runs) take an object's checksum from its store, not its
     time: a re-upload of the same bytes keeps the run's release, other bytes make a new one."""
