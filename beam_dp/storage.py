@@ -80,9 +80,11 @@ def read_text(path: str) -> str:
     return read_bytes(path).decode("utf-8")
 
 
-def write_bytes(path: str, content: bytes, tmp_dir: str | None = None) -> None:
+def write_bytes(path: str, content: bytes, tmp_dir: str | None = None,
+                private: bool = False) -> None:
     """Writes ``content`` as the file ``path``, replacing any, so that a reader finds the old
-    bytes or the new ones, never a part (see the module's docstring)."""
+    bytes or the new ones, never a part (see the module's docstring). ``private``: on a local
+    disk, readable by this user only (an object store's access is its bucket's)."""
     if is_remote(path):
         with _filesystems().create(path, compression_type=_uncompressed()) as f:
             f.write(content)
@@ -92,7 +94,9 @@ def write_bytes(path: str, content: bytes, tmp_dir: str | None = None) -> None:
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex[:12]}")
     try:
-        with open(tmp, "xb") as f:   # exclusive: nobody can have planted a link there
+        # exclusive: nobody can have planted a link there
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                               0o600 if private else 0o666), "wb") as f:
             f.write(content)
         os.replace(tmp, path)
     except BaseException:

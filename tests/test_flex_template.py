@@ -131,6 +131,8 @@ def test_job_results_are_found_by_checkpoint_and_ordinal_and_go_with_the_run(tmp
     checkpoint = tmp_path / "state.npz"
     first = JobResults(str(tmp_path / "jobs"), str(checkpoint))
     seed = first.seed()
+    # as sensitive as the input: on a local disk, its owner's only
+    assert (tmp_path / "jobs" / SEED_FILE).stat().st_mode & 0o077 == 0
     a, b = first.next_key("count"), first.next_key("stages", 3)
     assert a.split("-")[:2] != b.split("-")[:2] and b.endswith("-stages-3")
     storage.write_bytes(first.path(b), pickle.dumps({"theta": 1}))

@@ -44,7 +44,8 @@ class JobResults:
         every later one (they must replay the same noise to build the same jobs)."""
         path = storage.join(self.directory, SEED_FILE)
         if not storage.exists(path):
-            storage.write_bytes(path, str(mechanisms.secure_seed()).encode())
+            # (as sensitive as the input: on a local disk, readable by its owner only)
+            storage.write_bytes(path, str(mechanisms.secure_seed()).encode(), private=True)
         return int(storage.read_text(path))
 
     def next_key(self, kind: str, steps: int = 0) -> str:

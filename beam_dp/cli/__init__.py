@@ -34,8 +34,8 @@ logging.getLogger().addFilter(_WithoutApitoolsNotice())
 
 from beam_dp import storage  # noqa: E402
 from beam_dp.cli import audit, datasets, latest, listing, predict, train, tune  # noqa: E402
-from beam_dp.cli.exit_codes import (EXIT_CORRUPT_CHECKPOINT, EXIT_QUALITY,  # noqa: E402
-                                    EXIT_TRANSIENT, TRANSIENT_ERRNOS)
+from beam_dp.cli.exit_codes import (EXIT_CORRUPT_CHECKPOINT, EXIT_INTERRUPTED,  # noqa: E402
+                                    EXIT_QUALITY, EXIT_TRANSIENT, EXIT_USAGE, TRANSIENT_ERRNOS)
 from beam_dp.cli.interrupts import INTERRUPTED, on_interrupt  # noqa: E402
 from beam_dp.cli.parsing import (Parser, refuse_other_algorithms_flags,  # noqa: E402
                                  refuse_unknown_flags, stray_arguments)
@@ -171,16 +171,16 @@ def _main(argv: list[str]) -> int:
         return EXIT_TRANSIENT
     except LedgerError as e:
         print(f"beam-dp: error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except OSError as e:
         print(f"beam-dp: error: {_one_line(e)}", file=sys.stderr)
         if e.errno in TRANSIENT_ERRNOS:   # another attempt may succeed, and resumes
             print("beam-dp: (temporary: run the same command again later)", file=sys.stderr)
             return EXIT_TRANSIENT
-        return 2
+        return EXIT_USAGE
     except (DataError, ValueError, TypeError) as e:
         print(f"beam-dp: error: {_one_line(e)}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except Exception as e:  # a Beam runner wraps worker errors; show our one line if it is there
         if INTERRUPTED.is_set():   # Beam wrapped the KeyboardInterrupt
             return _interrupted(args)
@@ -189,7 +189,7 @@ def _main(argv: list[str]) -> int:
             line = text[text.index(DataError.MARKER) + len(DataError.MARKER):].splitlines()[0]
             line = line.split(" [while running")[0]  # Beam appends the step's name
             print(f"beam-dp: error: {line.strip()}", file=sys.stderr)
-            return 2
+            return EXIT_USAGE
         raise
 
 
@@ -205,7 +205,7 @@ def _interrupted(args) -> int:
             resume += (f" (the run's mini-batches stay in {kept} until then; delete that directory "
                        "if you will not resume)")
     print(f"beam-dp: interrupted; no output was written{resume}", file=sys.stderr)
-    return 130
+    return EXIT_INTERRUPTED
 
 
 def _checkpoint_exists(directory: str) -> bool:

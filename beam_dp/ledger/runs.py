@@ -23,7 +23,7 @@ import json
 import os
 
 from beam_dp import storage
-from beam_dp.algorithms.base import CHECKPOINT_FILE
+from beam_dp.algorithms.base import checkpoint_exists
 from beam_dp.ledger import core
 
 # The orchestrator entry of a reservation naming where its attempt saves its state.
@@ -67,13 +67,11 @@ def artifact_snapshot(paths) -> list[dict]:
     """Small artifacts a run builds on (a warm-start model): the SHA-256 of their bytes, so that
     a model written again with the same bytes (a re-run day's) keeps the runs after it the
     same releases."""
-    from beam_dp import storage
     return [{"path": p, "sha256": hashlib.sha256(storage.read_bytes(p)).hexdigest()}
             for p in sorted(set(paths))]
 
 
 def _sha256(path: str) -> str:
-    from beam_dp import storage
     digest = hashlib.sha256()
     with storage.open_read(path) as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -138,7 +136,7 @@ class RunCharge:
         taken over from one that saw none), and no state saved in its checkpoint directory (a
         run without one cannot tell: its charge's extension may depend on the data)."""
         return (self.base is None and bool(self.checkpoint_dir)
-                and not storage.exists(storage.join(self.checkpoint_dir, CHECKPOINT_FILE)))
+                and not checkpoint_exists(self.checkpoint_dir))
 
     def whole_run_admitted(self) -> None:
         """The accounting ledger's word that the run's whole plan is now charged: the runs of
