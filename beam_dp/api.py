@@ -453,8 +453,13 @@ def _problem(request: _Request, checked: _Checked, read: _Input) -> spec.Problem
     if request.bounding is not None:   # public: the unit's column name and K
         source["privacy_unit"] = dataclasses.asdict(request.bounding)
     registry.check(checked.algorithm, problem)
-    if request.bounding is not None and request.budget_gate is not None:
-        raise ValueError(USER_LEVEL_LEDGER)
+    charged_as = getattr(request.budget_gate, "neighbouring", None)
+    run_as = accounting.USER_ADD_REMOVE if request.bounding is not None else checked.algorithm.relation
+    if charged_as is not None and charged_as != run_as:
+        # (e.g. a privacy unit declared in a schema the caller of the ledger did not read)
+        raise ValueError(f"the budget ledger would charge this run as {charged_as!r}, but it "
+                         f"runs as {run_as!r}: each unit of privacy has its own budget "
+                         f"(beam_dp.ledger.core.budget_dataset)")
     return problem
 
 
@@ -555,6 +560,7 @@ def _model_of(run: _Run, request: _Request) -> "Model":
                                            run.options, seed_fixed=request.seed is not None)
     if run.quality is not None:
         privacy_report["quality_check"] = run.quality
+    report.compose_with_inputs(privacy_report, request.table.vocabulary)
     if run.choice is not None:
         privacy_report["algorithm_choice"] = run.choice
     # stacklevel 3: the warnings point at the caller of train
@@ -653,14 +659,6 @@ def _warnings(privacy_report: dict, dataset_size: dict) -> list[str]:
 
 
 IMPUTE_RANK_ERROR = 0.25   # as --scale-features auto's rule (column_scaling.AUTO_SCALE_RANK_ERROR)
-
-
-# Why the budget ledger refuses user-level runs: its Renyi filter composes every run on a
-# partition under one row-level relation, and a user-level guarantee is for another unit (with
-# this bounding, removing one row can move a user's clipped sum by up to 2 C, so it is not a
-# row-level guarantee at the same epsilon either). Mixing them needs a per-relation budget.
-USER_LEVEL_LEDGER = ("the budget ledger (--ledger) composes row-level runs; user-level runs "
-                     "(--privacy-unit-column) are not charged to it yet")
 
 
 def _user_bounding(column: str | None, max_rows: int | None):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from typing import Callable, Sequence
 
 from beam_dp import (accounting, data, losses, mechanisms, report, secure_noise, stats,
@@ -30,11 +31,14 @@ def release_summary(input: Sequence[str], output: str, *, epsilon: float, delta:
                     label_column: str = "label", feature_columns=None, batch_rows: int = 65536,
                     accountant: str = "pld", num_examples: int | None = None,
                     noise: str | None = None, seed: int | None = None,
-                    before_write: Callable[[], None] = lambda: None) -> tuple[dict, int]:
+                    gate: Callable | None = None,
+                    before_write: Callable[[dict], None] = lambda files: None) -> tuple[dict, int]:
     """Writes OUTPUT/stats_report.json, the private summary of the numeric feature columns;
     returns (the summary, the number of columns). Secure noise unless ``noise="float"``; where its
     samplers' slack would pass 1e-3 delta, refused with ``noise="secure"``, float noise (said in
-    the report) by default. ``before_write`` may raise to abandon the output (an interrupt)."""
+    the report) by default. ``gate``: the budget across runs (``accounting.Ledger``'s), which
+    admits the whole release before any data is read. ``before_write(files)`` (file name ->
+    text) may raise to abandon the output (an interrupt), or commit it (the budget ledger)."""
     if not quantiles or not all(0.0 <= q <= 1.0 for q in quantiles):
         raise ValueError("--quantiles must be fractions in [0, 1]")
     if not (epsilon > 0 and 0 < delta < 1 and 0 < value_bound <= 1e150):
@@ -75,7 +79,7 @@ def release_summary(input: Sequence[str], output: str, *, epsilon: float, delta:
                 sampler_delta = None
         if not secure:
             stages = make_stages("float")
-        stats.record_releases(stages, ledger)
+        _admit_whole_release(ledger, gate, lambda into: stats.record_releases(stages, into))
         if secure:
             ledger.notes.append(secure_noise.secure_release_note())
         state = aggregator.run_stages(stages, {"n": num_examples} if num_examples else {})
@@ -86,8 +90,7 @@ def release_summary(input: Sequence[str], output: str, *, epsilon: float, delta:
         summary["privacy"] = report.release_report(
             ledger, delta, seed_fixed, requested_epsilon=epsilon, value_bound=value_bound,
             **({"sampler_delta_bound": sampler_delta} if secure else {}))
-        before_write()
-        report.write_json(out, "stats_report.json", summary)
+        _write(out, {"stats_report.json": summary}, before_write)
     return summary, len(features)
 
 
@@ -98,11 +101,13 @@ def release_frequencies(input: Sequence[str], output: str, *, categorical_column
                         vocabulary: str | None = None, mechanism: str = "gaussian",
                         batch_rows: int = 65536, accountant: str = "pld",
                         num_examples: int | None = None, noise: str | None = None,
-                        seed: int | None = None,
-                        before_write: Callable[[], None] = lambda: None) -> tuple[dict, object]:
+                        seed: int | None = None, gate: Callable | None = None,
+                        before_write: Callable[[dict], None] = lambda files: None
+                        ) -> tuple[dict, object]:
     """Writes OUTPUT/stats_report.json, each categorical value's (or hash bucket's) private
     frequency by the projection mechanism (``mechanism``: gaussian or laplace), under
-    replace-one; returns (the summary, the encoding)."""
+    replace-one; returns (the summary, the encoding). ``gate``, ``before_write``: as
+    ``release_summary``'s."""
     if noise == "secure":
         raise ValueError("--noise secure: the categorical frequencies (the projection mechanism) "
                          "have float noise only; use --noise float or leave --noise out")
@@ -119,7 +124,7 @@ def release_frequencies(input: Sequence[str], output: str, *, categorical_column
     try:
         with report.atomic_directory(output, overwrite) as out:
             ledger = accounting.Ledger(accountant, accounting.REPLACE_ONE)
-            stats.record_releases(stages, ledger)
+            _admit_whole_release(ledger, gate, lambda into: stats.record_releases(stages, into))
             state = aggregator.run_stages(stages, {"n": num_examples} if num_examples else {})
             summary = stats.categorical_summary(
                 state, stages, encoding, "public (--num-examples)" if num_examples
@@ -130,8 +135,7 @@ def release_frequencies(input: Sequence[str], output: str, *, categorical_column
             if mechanism == "laplace":
                 fields["delta_note"] = "the Laplace variant is pure epsilon-DP: --delta is not spent"
             summary["privacy"] = report.release_report(ledger, delta, seed_fixed, **fields)
-            before_write()
-            report.write_json(out, "stats_report.json", summary)
+            _write(out, {"stats_report.json": summary}, before_write)
     finally:
         aggregator.close()
     return summary, encoding
@@ -165,11 +169,14 @@ def _categorical_aggregator(input, output: str, overwrite: bool, encoding, runne
 def release_vocabulary(input: Sequence[str], output: str, *, categorical_columns: Sequence[str],
                        epsilon: float, delta: float, batch_rows: int = 65536,
                        overwrite: bool = False, seed: int | None = None,
-                       before_write: Callable[[], None] = lambda: None) -> tuple[list, dict]:
+                       gate: Callable | None = None, release_id: str | None = None,
+                       before_write: Callable[[dict], None] = lambda files: None
+                       ) -> tuple[list, dict]:
     """Writes OUTPUT/vocabulary.json (for train --vocabulary) and privacy_report.json: the
     values of each categorical column that partition selection keeps, (epsilon, delta)-DP under
     add/remove of one row; returns (the vocabulary as (column, values) pairs, the privacy
-    report)."""
+    report). ``release_id`` (the CLI's): recorded in the report, for the runs that train on the
+    vocabulary to name it. ``gate``, ``before_write``: as ``release_summary``'s."""
     if not (epsilon > 0 and math.isfinite(epsilon) and 0 < delta < 1):
         raise ValueError("--epsilon must be positive and --delta in (0, 1)")
     report.check_output_directory(output, overwrite)
@@ -177,19 +184,41 @@ def release_vocabulary(input: Sequence[str], output: str, *, categorical_columns
     report.check_not_inside(output, files)
     columns = list(categorical_columns)
     data.check_categorical(files[0], data.read_schema(files[0]), columns)
+    ledger = accounting.Ledger("pld", accounting.ADD_REMOVE)
+    _admit_whole_release(ledger, gate, lambda into: into.record(
+        vocabulary_release.VOCABULARY_RELEASE, vocabulary_release.vocabulary_event(epsilon, delta),
+        1, mechanism="pipeline-dp partition selection (truncated geometric thresholding)",
+        max_partitions_contributed=len(columns)))
     counts = vocabulary_release.value_counts(files, columns, data.open_input, batch_rows)
     seed_fixed = seed is not None
     seed = seed if seed is not None else mechanisms.secure_seed()
     vocabulary = vocabulary_release.private_vocabulary(counts, epsilon, delta, seed)
-    ledger = accounting.Ledger("pld", accounting.ADD_REMOVE)
-    ledger.record(vocabulary_release.VOCABULARY_RELEASE,
-                  vocabulary_release.vocabulary_event(epsilon, delta), 1,
-                  mechanism="pipeline-dp partition selection (truncated geometric thresholding)",
-                  max_partitions_contributed=len(columns))
     privacy = report.release_report(ledger, delta, seed_fixed,
-                                    columns={c: len(v) for c, v in vocabulary})
+                                    columns={c: len(v) for c, v in vocabulary},
+                                    **({"release_id": release_id} if release_id else {}))
     with report.atomic_directory(output, overwrite) as out:
-        before_write()
-        report.write_json(out, "vocabulary.json", {c: list(v) for c, v in vocabulary})
-        report.write_json(out, "privacy_report.json", privacy)
+        _write(out, {"vocabulary.json": {c: list(v) for c, v in vocabulary},
+                     "privacy_report.json": privacy}, before_write)
     return vocabulary, privacy
+
+
+def _admit_whole_release(ledger: accounting.Ledger, gate: Callable | None,
+                         record: Callable[[accounting.Ledger], None]) -> None:
+    """``record(ledger)``, the whole release admitted first by ``gate`` (the budget across runs)
+    as one reservation: everything these commands release is known before they read data."""
+    if gate is not None:
+        planned = accounting.Ledger(ledger.accountant, ledger.neighbouring)
+        record(planned)
+        ledger.gate = gate
+        ledger.admit(planned.event(), whole_run=True)
+    record(ledger)
+
+
+def _write(directory: str, contents: dict, before_write: Callable[[dict], None]) -> None:
+    """Each JSON file's text, shown to ``before_write`` (which may commit it, or raise) and then
+    written: a rerun of a committed release writes the same bytes."""
+    files = {name: report.json_text(value) for name, value in contents.items()}
+    before_write(files)
+    for name, text in files.items():
+        with open(os.path.join(directory, name), "w") as f:
+            f.write(text)

@@ -12,18 +12,25 @@ METRICS_NOTE = "computed on the validation data without noise; not differentiall
 
 def write_outputs(output: str, overwrite: bool, files: dict) -> list[str]:
     """Writes ``files`` (file name -> text) as the directory ``output``; a training run's (with
-    model.json and privacy_report.json) also gets report.html. Returns the warnings to show
-    (report.html could not be made: the model is written all the same)."""
-    warnings = []
-    if all(name in files for name in ("model.json", "privacy_report.json")):
-        html, warning = _report_html(files)
-        files = {**files, **html}
-        warnings += [warning] if warning else []
+    model.json and privacy_report.json) also gets report.html unless it is among ``files``.
+    Returns the warnings to show (report.html could not be made: the model is written all the
+    same)."""
+    files, warnings = with_report_html(files)
     with report.atomic_directory(output, overwrite) as out:
         for name, text in files.items():
             with open(os.path.join(out, name), "w") as f:
                 f.write(text)
     return warnings
+
+
+def with_report_html(files: dict) -> tuple[dict, list[str]]:
+    """``files`` with report.html made from them, for a training run's (model.json and
+    privacy_report.json) that has none yet; and the warnings to show."""
+    if report_html.REPORT_HTML in files or not all(
+            name in files for name in ("model.json", "privacy_report.json")):
+        return files, []
+    html, warning = _report_html(files)
+    return {**files, **html}, [warning] if warning else []
 
 
 def _report_html(files: dict) -> tuple[dict, str | None]:

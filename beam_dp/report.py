@@ -153,6 +153,52 @@ def release_report(ledger, delta: float, seed_fixed: bool, **fields) -> dict:
     }
 
 
+def compose_with_inputs(privacy_report: dict, vocabulary) -> None:
+    """Adds to a model's ``privacy_report`` what it was trained on that was itself released from
+    the data: a ``vocabulary`` file written by ``beam-dp vocabulary`` (its privacy_report.json
+    beside it), as ``inputs_released`` (path, release id, epsilon, delta) and ``composed``: the
+    epsilon of the model and those releases together at the sum of their deltas (dp_accounting's
+    PLD accountant on the composed DpEvents; where it cannot account for one, basic composition,
+    the sum of the epsilons). A vocabulary without a report beside it (a dict, or a file written
+    by hand) is public input: nothing to compose, and said so. A release under another
+    neighbouring relation is listed but not composed (another unit of privacy)."""
+    if not isinstance(vocabulary, str):
+        return
+    from dp_accounting import dp_event
+
+    from beam_dp import accounting
+
+    beside = storage.join(os.path.dirname(vocabulary) or ".", "privacy_report.json")
+    if not storage.exists(beside):
+        privacy_report["inputs_released"] = [{
+            "path": vocabulary, "kind": "vocabulary",
+            "privacy": "no privacy_report.json beside it: treated as public input"}]
+        return
+    released = read_json(beside)
+    entry = {"path": vocabulary, "kind": "vocabulary", "release_id": released.get("release_id"),
+             "epsilon": released["epsilon"], "delta": released["delta"],
+             "neighbouring": released["neighbouring"]}
+    privacy_report["inputs_released"] = [entry]
+    if released["neighbouring"] != privacy_report["neighbouring"]:
+        privacy_report["composed"] = {
+            "epsilon": None, "reason": "the vocabulary is accounted under another neighbouring "
+                                       "relation (another unit of privacy): not composed"}
+        return
+    delta = privacy_report["delta"] + released["delta"]
+    event = dp_event.ComposedDpEvent([
+        accounting.event_from_json(privacy_report["dp_event"]),
+        accounting.event_from_json(released["dp_event"])])
+    try:
+        epsilon, method = accounting.epsilon_of(event, delta, "pld",
+                                                privacy_report["neighbouring"]), "PLD"
+    except Exception:   # noqa: BLE001 - an event PLD cannot account (tune's random stopping)
+        epsilon, method = privacy_report["epsilon"] + released["epsilon"], "basic composition"
+    privacy_report["composed"] = {
+        "epsilon": epsilon, "delta": delta,
+        "of": "the model and the released inputs it was trained on",
+        "method": f"{method} over the model's and the inputs' DpEvents"}
+
+
 def privacy_report(ledger, privacy, result, algorithm, options, seed_fixed: bool) -> dict:
     """The training run's report, from the ledger and what the algorithm returned."""
     import dataclasses

@@ -451,14 +451,16 @@ def tune(X=None, y=None, *, input=None, validation=None, algorithm: str = "dpgd"
     probability a candidate takes train's setting (``setting_law``). ``grid``: {option: values}
     or ["option=v1,v2", ...]; None: ``DEFAULT_GRIDS[algorithm]``. ``score_bound_`` (the CLI's
     --score-bound): see ``row_scores``. ``fixed``: ``beam_dp.train``'s other keywords and the
-    algorithm's fixed options. ``progress(message)``: run-level messages only (nothing per
+    algorithm's fixed options; ``budget_gate`` among them as train takes it (the budget across
+    runs), which admits the whole plan before any data is read. ``progress(message)``: run-level messages only (nothing per
     candidate: K is secret). ``quality_check`` / ``quality_epsilon`` / ``quality_label_bound``:
     train's private quality check (``beam_dp.quality``), run once on the chosen model over the
     training rows (``_check_chosen``)."""
     from beam_dp import api, quality
 
+    budget_gate = fixed.pop("budget_gate", None)
     for name in ("noise_multiplier", "accountant", "num_examples", "runner", "checkpoint_dir",
-                 "warm_start", "max_jobs", "budget_gate", "steps_per_job", "pipeline_args"):
+                 "warm_start", "max_jobs", "steps_per_job", "pipeline_args"):
         if fixed.get(name) is not None:
             raise ValueError(f"tuning sets {name} itself (it trains in-process, with the noise "
                              "its plan calibrates)")
@@ -545,6 +547,11 @@ def tune(X=None, y=None, *, input=None, validation=None, algorithm: str = "dpgd"
     the_plan = plan(epsilon, delta, mean_candidates, shape, score_share, count_epsilon,
                     scale_epsilon or 0.0,
                     check.noise_multiplier if check is not None else 0.0)
+    if budget_gate is not None:
+        # The budget across runs admits the whole plan (which bounds every release recorded
+        # below) before any data is read: one reservation, refused or not before the count.
+        ledger.gate = budget_gate
+        ledger.admit(the_plan.event(), whole_run=True)
     root = seed if seed is not None else mechanisms.secure_seed()
     split_key = mechanisms.stream_key(root, _STREAM, _SPLIT) % (1 << 128)
     state = _Data()
@@ -639,6 +646,7 @@ def tune(X=None, y=None, *, input=None, validation=None, algorithm: str = "dpgd"
         message = quality.warning_text(checked, privacy["hyperparameters"]["values"])
         privacy.setdefault("warnings", []).append(message)
         warnings.warn(message, api.QualityWarning, stacklevel=2)
+    report.compose_with_inputs(privacy, table.get("vocabulary"))
     chosen_model.privacy_report = privacy
     chosen_model.tuning = tuning
     say(f"chose {setting}: noisy score {tuning['chosen_noisy_score']:.4g}; epsilon "

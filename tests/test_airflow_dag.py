@@ -4,12 +4,17 @@ SQLite metadata database, and `dag.test()` for each date, the task running the p
 `beam-dp` executable on that date's Parquet partition. Data, models and checkpoints are on a GCS
 server on this machine (tests/object_stores.py): every path of the DAG is a gs:// URL.
 
-Dates 1-3 train, each from the model of the date before (date 1 in two runs of the command:
---max-jobs 2 makes it exit 75 after the count and the first two steps; dates 2 and 3 in one, the
-DAG's train_args param given in the run's conf), date 1 again (same release: nothing charged, the
-same output bytes), then date 4, whose partition budget is too small: refused, the
-task failed without retries, with beam-dp's message naming the dataset, the partition and what
-remains.
+Five daily partitions, each trained from the model of the date before (date 1 in two runs of
+the command: --max-jobs 2 makes it exit 75 after the count and the first two steps; dates 2-5 in
+one, the DAG's train_args param given in the run's conf). Then what a scheduler's operators do:
+one date's input uploaded again (same bytes, a new object generation), then all five dates
+cleared and backfilled in reverse order (dates 5 and 4 run again after the models they
+warm-started from; dates 3 to 1 before the dates that warm-started from them). Every one of
+those runs succeeds, charges nothing and writes each date's model again byte for byte (a model
+rewritten with the same bytes is the same release input). Re-running days in forward order is
+tests/test_budget_runs.py's (the CLI alone: each dag.test costs ~8 s). Last, date 6, whose
+partition budget is too small: refused, the task failed without retries, with beam-dp's message
+naming the dataset, the partition and what remains.
 
 The virtualenv (tests/airflow_venv.py) is kept in .airflow-venv/ (gitignored) and reused while
 complete; CI makes it ahead, beside the project's install.
@@ -32,7 +37,8 @@ from object_stores import gcs_server  # noqa: F401  (fixture)
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent   # the project's venv: beam-dp
 DATASET = "events"
-DATES = ["2026-03-01", "2026-03-02", "2026-03-03", "2026-03-04"]
+DATES = ["2026-03-01", "2026-03-02", "2026-03-03", "2026-03-04", "2026-03-05"]
+REFUSED = "2026-03-06"   # its partition's budget cannot afford a run
 SETTINGS = "--epsilon 1 --delta 1e-6 --algorithm dpgd --steps 4 --steps-per-job 2"
 # Date 1 on Beam's runner, stopped by --max-jobs (neither is part of a release's id); the other
 # runs on the local runner, whose model is the same (tests/test_cluster_execution.py) and which
@@ -46,7 +52,7 @@ ONE_RUN = SETTINGS + " --runner local"
 # among the dates makes it print PAUSED and wait for a line on stdin (the test looks at the store
 # meanwhile); a date written DATE=ARGS runs with the DAG param train_args set to ARGS.
 DRIVER = r'''
-import datetime, json, sys
+import datetime, json, sys, time
 from airflow.models.dagbag import DagBag
 from airflow.models.xcom import XComModel
 from airflow.utils.session import create_session
@@ -63,6 +69,7 @@ for day in sys.argv[1:]:
         continue
     day, _, train_args = day.partition("=")
     logical = datetime.datetime.fromisoformat(day).replace(tzinfo=datetime.timezone.utc)
+    started = time.monotonic()
     run = dag.test(logical_date=logical, run_conf={"train_args": train_args} if train_args else None)
     (ti,) = run.get_task_instances()
     with create_session() as session:
@@ -71,7 +78,8 @@ for day in sys.argv[1:]:
             XComModel.key == "return_value")).first()
     print("RESULT " + json.dumps({"date": day, "run_state": str(run.state), "state": str(ti.state),
                                   "try_number": ti.try_number, "run_id": run.run_id,
-                                  "value": xcom.value if xcom else None}), flush=True)
+                                  "value": xcom.value if xcom else None,
+                                  "seconds": round(time.monotonic() - started, 1)}), flush=True)
 '''
 
 
@@ -88,20 +96,22 @@ def _beam_dp(*argv) -> str:
 
 
 @pytest.mark.slow
-def test_daily_dag_trains_each_partition_once_and_refuses_an_exhausted_one(tmp_path, gcs_server):
+def test_daily_dag_trains_each_partition_once_through_reruns_and_backfills(tmp_path, gcs_server):
+    from apache_beam.io.filesystems import FileSystems
+
     from beam_dp import publish
 
     python = airflow_python()
     bucket = gcs_server.bucket()
     data, out, ckpt = f"{bucket}/data", f"{bucket}/models", f"{bucket}/checkpoints"
     ledger = tmp_path / "ledger.sqlite"
-    for seed, day in enumerate(DATES):
+    for seed, day in enumerate(DATES + [REFUSED]):
         _beam_dp("make-data", "--output", f"{data}/{day}", "--n", 3000, "--d", 5,
                  "--validation-n", 0, "--shards", 2, "--seed", seed)
-        # Room for one run at epsilon 1 on dates 1-3 (whatever the composition's slack); date 4
-        # cannot afford one.
+        # Room for one run at epsilon 1 on each date (whatever the composition's slack); the
+        # refused date cannot afford one.
         _beam_dp("ledger", "budget", "--ledger", ledger, "--dataset-id", DATASET,
-                 "--partition", day, "--epsilon", 3 if day != DATES[3] else 0.2, "--delta", 1e-5)
+                 "--partition", day, "--epsilon", 3 if day != REFUSED else 0.2, "--delta", 1e-5)
 
     env = {k: v for k, v in gcs_server.subprocess_env().items()
            if not k.startswith(("AIRFLOW", "VIRTUAL_ENV"))}
@@ -118,20 +128,27 @@ def test_daily_dag_trains_each_partition_once_and_refuses_an_exhausted_one(tmp_p
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
 
-    # Dates 1-3; a pause (the test reads date 1's model); date 1 again, then date 4.
-    dates = [DATES[0], *(f"{d}={ONE_RUN}" for d in DATES[1:3]), "--", f"{DATES[0]}={ONE_RUN}",
-             f"{DATES[3]}={ONE_RUN}"]
+    # The five dates; a pause (the test keeps their models and uploads date 2's input again);
+    # the backfill of all five in reverse; the refused date.
+    dates = [DATES[0], *(f"{d}={ONE_RUN}" for d in DATES[1:]), "--",
+             *(f"{d}={ONE_RUN}" for d in DATES[::-1]), f"{REFUSED}={ONE_RUN}"]
     process = subprocess.Popen([str(python), str(driver), *dates],
                                env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
-    lines = []
+    lines, models = [], {}
     try:
         for line in process.stdout:
             lines.append(line)
             if line.startswith("PAUSED"):
                 break
-        first = [json.loads(l.split(" ", 1)[1]) for l in lines if l.startswith("RESULT ")]
-        first_output = publish.read(f"{out}/{DATES[0]}") if len(first) == 3 else None
+        if sum(l.startswith("RESULT ") for l in lines) == len(DATES):
+            models = {day: publish.read(f"{out}/{day}") for day in DATES}
+            charged = _beam_dp("ledger", "show", "--ledger", ledger, "--dataset-id", DATASET)
+            for shard in FileSystems.match([f"{data}/{DATES[1]}/*"])[0].metadata_list:
+                with FileSystems.open(shard.path) as f:
+                    content = f.read()
+                with FileSystems.create(shard.path) as f:   # a re-upload: same bytes
+                    f.write(content)
         with contextlib.suppress(BrokenPipeError):   # (a driver that failed before the pause)
             process.stdin.write("go\n")
             process.stdin.close()
@@ -141,32 +158,38 @@ def test_daily_dag_trains_each_partition_once_and_refuses_an_exhausted_one(tmp_p
         if process.poll() is None:
             process.kill()
     log = "".join(lines)
+    print("dag.test seconds:", [json.loads(l.split(" ", 1)[1]).get("seconds") for l in lines
+                                if l.startswith("RESULT ")])
     (errors,) = [l for l in lines if l.startswith("IMPORT_ERRORS ")]
     assert json.loads(errors.split(" ", 1)[1]) == {}, errors
     results = [json.loads(l.split(" ", 1)[1]) for l in lines if l.startswith("RESULT ")]
-    assert len(results) == 5, log[-5000:]
-    first, (again, refused) = results[:3], results[3:]
-    assert [(r["date"], r["state"]) for r in first] == [(d, "success") for d in DATES[:3]], log[-5000:]
+    assert len(results) == len(dates) - 1, log[-5000:]
+    first, reruns, refused = results[:5], results[5:-1], results[-1]
+    assert [(r["date"], r["state"]) for r in first] == [(d, "success") for d in DATES], log[-5000:]
     values = [r["value"] for r in first]
-    assert [v["warm_start"] for v in values] == [None, f"{out}/{DATES[0]}", f"{out}/{DATES[1]}"]
+    assert [v["warm_start"] for v in values] == [None] + [f"{out}/{d}" for d in DATES[:-1]]
     assert values[0]["runs"] == 2   # exit 75, then the same command again
-    assert [v["runs"] for v in values[1:]] == [1, 1]
-    assert "model.json" in first_output
+    assert [v["runs"] for v in values[1:]] == [1] * 4
+    assert all("model.json" in models[day] for day in DATES)
 
-    assert (again["date"], again["state"]) == (DATES[0], "success"), log[-5000:]
-    assert again["value"]["warm_start"] is None and again["value"]["runs"] == 1
-    assert publish.read(f"{out}/{DATES[0]}") == first_output   # the stored release, byte for byte
+    # Backfilled: each run one command that found its release committed.
+    assert [(r["date"], r["state"], r["value"]["runs"]) for r in reruns] == \
+        [(d, "success", 1) for d in DATES[::-1]], log[-5000:]
+    assert log.count("was already committed") == len(reruns), log[-5000:]
+    assert {day: publish.read(f"{out}/{day}") for day in DATES} == models
 
-    assert (refused["date"], refused["state"], refused["try_number"]) == (DATES[3], "failed", 1), \
+    assert (refused["date"], refused["state"], refused["try_number"]) == (REFUSED, "failed", 1), \
         log[-5000:]
     (message,) = {l.strip() for l in log.splitlines() if "beam-dp exited with code 3" in l}
-    assert DATASET in message and DATES[3] in message and "remaining" in message.lower(), message
-    assert not publish.is_published(f"{out}/{DATES[3]}")
+    assert DATASET in message and REFUSED in message and "remaining" in message.lower(), message
+    assert not publish.is_published(f"{out}/{REFUSED}")
 
-    # Four successful task runs made three charges: the rerun charged nothing, date 4 nothing.
+    # 5 + 5 successful task runs made five charges, unchanged since the first five runs.
     shown = _beam_dp("ledger", "show", "--ledger", ledger, "--dataset-id", DATASET)
+    assert _charges(shown) == _charges(charged)
     committed = [c for c in _charges(shown) if c["status"] == "committed"]
-    assert sorted(c["partitions"] for c in committed) == DATES[:3], shown
+    assert sorted(c["partitions"] for c in committed) == DATES, shown
+    assert len(_charges(shown)) == len(DATES), shown
     assert all("airflow_dag_id=beam_dp_daily" in c["orchestrator"] for c in committed), shown
     assert not list(Path.cwd().glob("gs:*"))   # nothing written to a local "gs:" directory
 

@@ -8,6 +8,7 @@ import argparse
 import glob
 import json
 import math
+import multiprocessing
 import os
 import shutil
 import signal
@@ -25,10 +26,11 @@ from dp_accounting.rdp import rdp_privacy_accountant
 
 from beam_dp import accounting
 from beam_dp.accounting import rdp_accountant
+from beam_dp.algorithms.base import TrainState, checkpoint_exists, save_checkpoint
 from beam_dp.ledger import (
     COMMITTED, NEW, ORDERS, RESERVED, RESUME, VOID, BudgetExceeded, LedgerError, NoBudget,
     ReleaseIdCollision, ReleaseInProgress, SchemaTooNew, commands, event_from_json,
-    event_to_json, filter as rdp_filter, open_ledger)
+    event_to_json, filter as rdp_filter, open_ledger, runs)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -164,14 +166,15 @@ def test_rdp_curve_is_dp_accountings(event, relation):
                  accounting.REPLACE_ONE: rdp_privacy_accountant.NeighborRel.REPLACE_ONE}
     theirs = rdp_privacy_accountant.RdpAccountant(list(ORDERS), relations[relation])
     units = rdp_accountant._rdp_replace_one_units(event) if relation == accounting.REPLACE_ONE else event
-    np.testing.assert_array_equal(rdp_filter.rdp_curve(event, relation),
-                                  theirs.compose(units).rdp)
+    curve = rdp_filter.rdp_curve(event, relation)
+    np.testing.assert_array_equal(curve[:-1], theirs.compose(units).rdp)
+    assert curve[-1] == 0.0   # (the delta of (epsilon, delta) releases: none here)
 
 
 def test_rdp_curve_of_a_pure_dp_event_and_of_unsupported_events():
     curve = rdp_filter.rdp_curve(accounting.PureDpEvent(0.5), "add_remove")
     orders = np.array(ORDERS)
-    np.testing.assert_allclose(curve, np.minimum(0.5, orders * 0.5 ** 2 / 2))
+    np.testing.assert_allclose(curve[:-1], np.minimum(0.5, orders * 0.5 ** 2 / 2))
     with pytest.raises(ValueError, match="cannot account"):
         rdp_filter.rdp_curve(ev.PoissonSampledDpEvent(0.1, ev.LaplaceDpEvent(1.0)), "add_remove")
     with pytest.raises(ValueError, match="unknown neighbouring relation"):
@@ -305,7 +308,7 @@ def test_a_run_charges_every_partition_it_reads_and_no_other(ledger):
     ledger.set_budget("d", 3.0, 1e-6)                          # default of every partition
     ledger.set_budget("d", 1.0, 1e-6, partition="small")
     event = ev.GaussianDpEvent(4.0)
-    one = rdp_filter.rdp_curve(event, accounting.ADD_REMOVE)
+    one = rdp_filter.rdp_curve(event, accounting.ADD_REMOVE)[:-1]
     ledger.reserve("two-days", "d", ["2026-11-23", "2026-11-24"], event)
     for day in ("2026-11-23", "2026-11-24"):
         np.testing.assert_array_equal(ledger.explain("d", day).spent_rdp, one)
@@ -434,6 +437,224 @@ def test_ledger_commands(url, capsys):
     assert code == 0 and "partition '2026-11-23'" in out and "partition '2026-11-24'" in out
 
 
+# ------------------------------------------------------------ a charge's history, and voiding it
+
+def _history(ledger, release_id) -> list[tuple]:
+    return [(row["action"], row["detail"]) for row in ledger.history(release_id)]
+
+
+def _column(lines: list[str], header_start: str, row_start: str, column: str) -> str:
+    """The cell of ``column`` in the row starting with ``row_start`` of an aligned table."""
+    header = next(line for line in lines if line.startswith(header_start))
+    row = next(line for line in lines if line.startswith(row_start))
+    start = header.index(column)
+    return row[start:].split("  ")[0].strip()
+
+
+def test_history_after_reserve_extend_and_commit(ledger, url, capsys):   # SQLite and PostgreSQL
+    ledger.set_budget("d", 8.0, 1e-6)
+    count = ev.GaussianDpEvent(20.0)
+    ledger.reserve("rel", "d", ["q", "p"], count, orchestrator={"dag_id": "train"})
+    ledger.extend("rel", ev.ComposedDpEvent([count, ev.GaussianDpEvent(6.0)]))
+    ledger.extend("rel", count)                       # nothing above the charge: no change
+    with pytest.raises(BudgetExceeded):               # refused: rolled back, its row too
+        ledger.extend("rel", ev.GaussianDpEvent(0.1))
+    ledger.commit("rel", {"model": 1})
+    ledger.commit("rel", {"model": 1})                # the same again: no change
+    assert _history(ledger, "rel") == [
+        ("reserved", {"partitions": ["p", "q"], "orchestrator": {"dag_id": "train"}}),
+        ("extended", {"starts_over": False}),
+        ("committed", {"with_output": True})]
+    charge, history = ledger.charge("rel"), ledger.history("rel")
+    assert (history[0]["at"], history[-1]["at"]) == (charge.reserved_at, charge.committed_at)
+    assert history[0]["at"] < history[1]["at"] < history[2]["at"]
+
+    code, out, err = _cli(capsys, "ledger", "history", "--ledger", url, "--release-id", "rel")
+    assert code == 0, err
+    lines = out.splitlines()
+    for expected in ("release id     rel", "dataset        d", "partitions     p,q",
+                     "status         committed", f"neighbouring   {accounting.ADD_REMOVE}",
+                     "orchestrator   dag_id=train"):
+        assert expected in lines, expected
+    # The charge's epsilon as `ledger show` reads it.
+    shown = _column(_cli(capsys, "ledger", "show", "--ledger", url)[1].splitlines(),
+                    "release id", "rel ", "epsilon")
+    assert f"epsilon        {shown} (the run alone" in out
+    assert _column(lines, "at  ", "20", "action") == "reserved"            # aligned columns
+    assert _column(lines, "at  ", history[1]["at"], "detail") == "starts_over=false"
+    assert _column(lines, "at  ", history[2]["at"], "detail") == "with_output=true"
+
+    code, out, err = _cli(capsys, "ledger", "history", "--ledger", url, "--release-id", "nothing")
+    assert (code, out) == (2, "") and err.count("\n") == 1
+    assert "no charge with release id 'nothing'" in err
+
+
+def test_history_of_a_voided_then_re_reserved_release(tmp_path):
+    with open_ledger(str(tmp_path / "ledger.db")) as ledger:
+        ledger.set_budget("d", 8.0, 1e-6)
+        event = ev.GaussianDpEvent(8.0)
+        ledger.reserve("rel", "d", None, event, orchestrator={"try": "1"})
+        ledger.void("rel")
+        ledger.void("rel")                                     # already void: no change
+        ledger.reserve("rel", "d", None, event, orchestrator={"try": "2"})
+        assert ledger.reserve("rel", "d", None, event).status == RESUME    # no change
+        # An attempt that starts over without the earlier one's checkpoint, then is refused
+        # after its first releases (committed without output to keep them charged).
+        ledger.extend("rel", ev.LaplaceDpEvent(2.0), base=event)
+        ledger.commit("rel", None)
+        assert _history(ledger, "rel") == [
+            ("reserved", {"partitions": None, "orchestrator": {"try": "1"}}),
+            ("voided", {"by": "run"}),
+            ("re-reserved", {"partitions": None, "orchestrator": {"try": "2"}}),
+            ("extended", {"starts_over": True}),
+            ("committed", {"with_output": False})]
+        with pytest.raises(LedgerError, match="voided by one of run, operator"):
+            ledger.void("rel", by="someone")
+
+
+def test_history_of_charges_from_before_the_history_table(tmp_path, capsys):
+    url = str(tmp_path / "ledger.db")
+    with open_ledger(url) as ledger:
+        ledger.set_budget("d", 8.0, 1e-6)
+        event = ev.GaussianDpEvent(8.0)
+        ledger.reserve("old", "d", ["p"], event)
+        ledger.commit("old", {"model": 1})
+        ledger.reserve("gone", "d", ["p"], event)
+        ledger.void("gone")
+        ledger.reserve("half", "d", ["p"], event)
+    connection = sqlite3.connect(url)   # the ledger as an older beam-dp wrote it
+    connection.execute("DROP TABLE charge_history")
+    connection.commit()
+    connection.close()
+    with open_ledger(url) as ledger:    # gains the table on open, its schema version unchanged
+        ledger.commit("half", {"model": 2})
+        old, gone, half = (ledger.charge(r) for r in ("old", "gone", "half"))
+        timestamps = {"from": "charge timestamps"}
+        assert ledger.history("old") == [
+            {"at": old.reserved_at, "action": "reserved", "detail": timestamps},
+            {"at": old.committed_at, "action": "committed", "detail": timestamps}]
+        assert _history(ledger, "gone") == [("reserved", timestamps), ("voided", timestamps)]
+        assert ledger.history("gone")[1]["at"] == gone.voided_at
+        assert _history(ledger, "half") == [("reserved", timestamps),
+                                            ("committed", {"with_output": True})]
+        assert ledger.history("half")[0]["at"] == half.reserved_at
+    code, out, _ = _cli(capsys, "ledger", "history", "--ledger", url, "--release-id", "old")
+    assert code == 0 and out.count("from=charge timestamps") == 2
+
+
+def _reserve_checkpointed(ledger, release_id, directory, event=ev.GaussianDpEvent(8.0)):
+    """A reservation as ``runs.RunCharge`` makes it for a run with --checkpoint-dir."""
+    return ledger.reserve(release_id, "d", ["p"], event,
+                          orchestrator={runs.CHECKPOINT_KEY: str(directory), "dag_id": "train"})
+
+
+def _void_command(capsys, url, release_id):
+    return _cli(capsys, "ledger", "void", "--ledger", url, "--release-id", release_id)
+
+
+def _refused(result, reason: str) -> None:
+    code, out, err = result
+    assert (code, out) == (2, "") and err.count("\n") == 1 and reason in err, result
+
+
+def test_void_refuses_committed_charges_and_charges_without_a_checkpoint_dir(tmp_path, capsys):
+    url = str(tmp_path / "ledger.db")
+    with open_ledger(url) as ledger:
+        ledger.set_budget("d", 8.0, 1e-6)
+        _reserve_checkpointed(ledger, "done", tmp_path / "checkpoints" / "done")
+        ledger.commit("done", {"model": 1})
+        ledger.reserve("no-dir", "d", ["p"], ev.GaussianDpEvent(8.0),
+                       orchestrator={"dag_id": "train"})
+        ledger.reserve("gone", "d", ["p"], ev.GaussianDpEvent(8.0))
+        ledger.void("gone")
+    _refused(_void_command(capsys, url, "done"), "committed; what was released stays spent")
+    _refused(_void_command(capsys, url, "no-dir"),
+             "recorded no checkpoint directory (its run had no --checkpoint-dir), so the ledger "
+             "cannot tell whether it released anything")
+    _refused(_void_command(capsys, url, "nothing"), "no charge with release id 'nothing'")
+    code, out, _ = _void_command(capsys, url, "gone")
+    assert code == 0 and out.startswith("release gone is already void")
+    with open_ledger(url) as ledger:
+        assert [ledger.charge(r).status for r in ("done", "no-dir")] == [COMMITTED, RESERVED]
+        assert _history(ledger, "gone")[-1] == ("voided", {"by": "run"})   # not again
+
+
+def test_void_refuses_when_the_checkpoint_exists_or_an_attempt_started_over(tmp_path, capsys):
+    url = str(tmp_path / "ledger.db")
+    saved, elsewhere, old = (tmp_path / "checkpoints" / name for name in ("saved", "else", "old"))
+    with open_ledger(url) as ledger:
+        ledger.set_budget("d", 8.0, 1e-6)
+        _reserve_checkpointed(ledger, "saved", saved)
+        _reserve_checkpointed(ledger, "elsewhere", elsewhere)
+        # A later attempt without that checkpoint directory: charged on top, its state not there.
+        ledger.extend("elsewhere", ev.GaussianDpEvent(9.0), base=ev.GaussianDpEvent(8.0))
+        _reserve_checkpointed(ledger, "old", old)
+    # The run saved its plan: the project's own checkpoint, as a run writes it.
+    save_checkpoint(str(saved), TrainState.zeros(1, 2), {"algorithm": "dpgd"}, {"steps": 3})
+    assert checkpoint_exists(str(saved))
+    _refused(_void_command(capsys, url, "saved"), f"saved a checkpoint in {saved}")
+    _refused(_void_command(capsys, url, "elsewhere"),
+             f"started over without the checkpoint in {elsewhere}")
+    connection = sqlite3.connect(url)   # "old" as reserved by a beam-dp without histories
+    connection.execute("DELETE FROM charge_history WHERE release_id = 'old'")
+    connection.commit()
+    connection.close()
+    _refused(_void_command(capsys, url, "old"), "reserved before the ledger kept charge histories")
+    with open_ledger(url) as ledger:
+        assert {c.status for c in ledger.charges("d")} == {RESERVED}
+
+
+def _hold_release_lock(url, release_id, locked, done) -> None:
+    """In a forked process: holds the release's lock, as a live run does, until told."""
+    with open_ledger(url) as ledger, ledger.lock(release_id):
+        locked.set()
+        done.wait(60)
+
+
+def test_void_refuses_while_another_process_runs_the_release(tmp_path, capsys):
+    url = str(tmp_path / "ledger.db")
+    with open_ledger(url) as ledger:
+        ledger.set_budget("d", 8.0, 1e-6)
+        _reserve_checkpointed(ledger, "rel", tmp_path / "checkpoints" / "rel")
+    fork = multiprocessing.get_context("fork")   # (no import of beam_dp again: fast)
+    locked, done = fork.Event(), fork.Event()
+    holder = fork.Process(target=_hold_release_lock, args=(url, "rel", locked, done))
+    holder.start()
+    try:
+        assert locked.wait(30)
+        _refused(_void_command(capsys, url, "rel"), "'rel' is running in another process")
+        with open_ledger(url) as ledger:
+            assert ledger.charge("rel").status == RESERVED
+    finally:
+        done.set()
+        holder.join(30)
+    assert holder.exitcode == 0
+    assert _void_command(capsys, url, "rel")[0] == 0    # its lock went with it
+
+
+def test_void_gives_back_the_budget_of_a_run_that_saved_no_checkpoint(tmp_path, capsys):
+    url = str(tmp_path / "ledger.db")
+    directory = tmp_path / "checkpoints" / "rel"
+    directory.mkdir(parents=True)                     # there, but no checkpoint in it
+    with open_ledger(url) as ledger:
+        ledger.set_budget("d", 4.0, 1e-6)
+        _reserve_checkpointed(ledger, "rel", directory, ev.GaussianDpEvent(6.0))
+        ledger.extend("rel", ev.GaussianDpEvent(5.0))   # the same attempt: its state goes there
+        assert ledger.explain("d", "p").remaining_epsilon < 4.0
+    code, out, err = _void_command(capsys, url, "rel")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == "voided release rel (its run released nothing): its budget is given back"
+    assert "status         void" in lines
+    assert _column(lines, "dataset  partition", "d  ", "remaining") == "4"
+    with open_ledger(url) as ledger:
+        assert ledger.charge("rel").status == VOID
+        assert ledger.explain("d", "p").remaining_epsilon == 4.0
+        assert _history(ledger, "rel")[-1] == ("voided", {"by": "operator"})
+    code, out, _ = _void_command(capsys, url, "rel")
+    assert code == 0 and out.startswith("release rel is already void")
+
+
 # ------------------------------------------------------------------ races between processes
 
 # A process of its own: opens the ledger, waits for the start signal (so that all of them
@@ -498,7 +719,7 @@ def _race(url, tmp_path, release_ids, mode="reserve", hold=0.0) -> list[str]:
 def test_racing_runs_never_overspend(url, tmp_path):
     with open_ledger(url) as ledger:
         ledger.set_budget("d", 1.8, 1e-5)
-        one = rdp_filter.rdp_curve(ev.GaussianDpEvent(5.0), accounting.ADD_REMOVE)
+        one = rdp_filter.rdp_curve(ev.GaussianDpEvent(5.0), accounting.ADD_REMOVE)[:-1]
     assert _admitted_by_theorem(one, 1.8, 1e-5, 1e-5 / len(ORDERS)) == 3
     results = _race(url, tmp_path, [f"run-{i}" for i in range(8)])
     assert sorted(results) == ["new"] * 3 + ["refused"] * 5

@@ -11,6 +11,7 @@ import pytest
 import beam_dp
 from beam_dp import accounting, clipping, data, losses, synthetic, user_level
 from beam_dp.block import Block
+from beam_dp.ledger import core
 
 HEAVY = "heavy-user-7"   # the user holding 1,000 rows; must never appear in an output
 
@@ -200,12 +201,27 @@ def test_cli_flags_and_schema_key(user_table, tmp_path, cli):
     run = cli("train", "--input", pattern, "--output", tmp_path / "o2", "--runner", "local",
               "--epsilon", 1, "--algorithm", "dpsgd-f", "--privacy-unit-column", "user_id")
     assert run.code != 0 and "user-level" in run.err and HEAVY not in run.err
-    # The budget ledger composes row-level charges: a user-level run is refused before training.
-    run = cli("train", "--input", pattern, "--output", tmp_path / "o3", "--runner", "local",
-              "--epsilon", 1, "--privacy-unit-column", "user_id",
-              "--ledger", tmp_path / "budget.db", "--dataset-id", "d")
-    assert run.code != 0 and "not charged to it yet" in run.err
+    # With the budget ledger, a user-level run is charged to its unit's own budget
+    # (dataset d@user_id): the row-level budget of d does not admit it, and is left untouched.
+    ledger = str(tmp_path / "budget.db")
+    assert cli("ledger", "budget", "--ledger", ledger, "--dataset-id", "d", "--epsilon", 5,
+               "--delta", 1e-5).code == 0
+    flags = ("train", "--input", pattern, "--output", tmp_path / "o3", "--runner", "local",
+             "--epsilon", 1, "--steps", 2, "--privacy-unit-column", "user_id", "--ledger", ledger,
+             "--dataset-id", "d")
+    run = cli(*flags)
+    assert run.code == 2 and "no budget is declared for dataset 'd@user_id'" in run.err
     assert not (tmp_path / "o3").exists()
+    assert cli("ledger", "budget", "--ledger", ledger, "--dataset-id", "d", "--privacy-unit",
+               "user_id", "--epsilon", 2, "--delta", 1e-5).code == 0
+    run = cli(*flags)
+    assert run.code == 0, run.err
+    with core.open_ledger(ledger) as opened:
+        assert opened.charges("d") == []
+        (charge,) = opened.charges("d@user_id")
+        assert charge.status == "committed" and charge.neighbouring == accounting.USER_ADD_REMOVE
+    report = json.loads((tmp_path / "o3" / "privacy_report.json").read_text())
+    assert report["ledger"]["dataset_id"] == "d@user_id"
 
 
 @pytest.mark.parametrize("model", ["softmax", "linear"])

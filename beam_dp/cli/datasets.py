@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 
-from beam_dp.cli.interrupts import stop_if_interrupted
+from beam_dp.cli import releases, run_arguments
 from beam_dp.cli.parsing import Formatter, columns, positive_int
 
 SPARSE_MECHANISMS = ("gaussian", "laplace")   # beam_dp.stats.SPARSE_MEAN_VARIANTS (not imported here)
@@ -87,6 +87,7 @@ def add_stats_parser(sub):
     sparse.add_argument("--sparse-mechanism", choices=SPARSE_MECHANISMS, default=None,
                         help="gaussian ((epsilon, delta)) or laplace (pure epsilon-DP); default "
                              "gaussian")
+    run_arguments.add_ledger_arguments(st)
     return st
 
 
@@ -97,7 +98,7 @@ def add_vocabulary_parser(sub):
         description="Release each categorical column's values that occur in enough rows "
                     "(pipeline-dp's partition selection; (epsilon, delta)-DP under add/remove of "
                     "one row). Writes vocabulary.json and privacy_report.json; a training run on "
-                    "it spends its own budget on top.")
+                    "it spends its own budget on top, and its report states both composed.")
     voc.add_argument("--input", required=True, nargs="+", action="extend", metavar="FILES",
                      help="Parquet or CSV files (globs)")
     voc.add_argument("--output", required=True, metavar="DIR", help="directory for vocabulary.json")
@@ -110,6 +111,7 @@ def add_vocabulary_parser(sub):
     voc.add_argument("--seed", type=int, default=None, help="fixed seed (tests only)")
     voc.add_argument("--batch-rows", type=positive_int, default=65536, metavar="N",
                      help="rows per block read")
+    run_arguments.add_ledger_arguments(voc)
     return voc
 
 
@@ -141,22 +143,31 @@ def make_data(args) -> int:
 
 
 def stats(args, beam_args: list[str]) -> int:
-    from beam_dp import dataset_releases
+    from beam_dp import accounting, data, dataset_releases
 
-    common = dict(epsilon=args.epsilon, delta=args.delta, runner=args.runner,
-                  pipeline_args=beam_args, overwrite=args.overwrite, batch_rows=args.batch_rows,
-                  accountant=args.accountant, num_examples=args.num_examples, noise=args.noise,
-                  seed=args.seed, before_write=stop_if_interrupted)
     if args.categorical_columns:
         if args.feature_columns:
             raise ValueError("--feature-columns and --categorical-columns: stats releases the "
                              "numeric statistics or the categorical frequencies; run it once for "
                              "each")
+    else:
+        if args.sparse_mechanism is not None:
+            raise ValueError("--sparse-mechanism is the noise of the categorical frequencies: it "
+                             "needs --categorical-columns")
+        if args.hash_buckets is not None or args.vocabulary is not None:
+            raise ValueError("--hash-buckets and --vocabulary need --categorical-columns")
+    files = sorted({f for pattern in args.input for f in data.list_files(pattern)})
+    common = dict(epsilon=args.epsilon, delta=args.delta, runner=args.runner,
+                  pipeline_args=beam_args, overwrite=args.overwrite, batch_rows=args.batch_rows,
+                  accountant=args.accountant, num_examples=args.num_examples, noise=args.noise,
+                  seed=args.seed)
+
+    def frequencies(gate, before_write) -> int:
         mechanism = args.sparse_mechanism or "gaussian"
         summary, encoding = dataset_releases.release_frequencies(
             args.input, args.output, categorical_columns=args.categorical_columns,
             hash_buckets=args.hash_buckets, hash_seed=args.hash_seed, vocabulary=args.vocabulary,
-            mechanism=mechanism, **common)
+            mechanism=mechanism, gate=gate, before_write=before_write, **common)
         _print_warnings(summary)
         print(f"private frequencies of {len(encoding.categorical)} categorical columns "
               f"({mechanism} projection mechanism, {encoding.dim} columns): "
@@ -164,31 +175,40 @@ def stats(args, beam_args: list[str]) -> int:
               + (f", delta={args.delta:g}" if mechanism == "gaussian" else " (pure)")
               + f"; wrote {args.output}")
         return 0
-    if args.sparse_mechanism is not None:
-        raise ValueError("--sparse-mechanism is the noise of the categorical frequencies: it needs "
-                         "--categorical-columns")
-    if args.hash_buckets is not None or args.vocabulary is not None:
-        raise ValueError("--hash-buckets and --vocabulary need --categorical-columns")
-    summary, columns_released = dataset_releases.release_summary(
-        args.input, args.output, quantiles=args.quantiles, value_bound=args.value_bound,
-        label_column=args.label_column, feature_columns=args.feature_columns, **common)
-    _print_warnings(summary)
-    print(f"private statistics of {columns_released} columns: "
-          f"epsilon={summary['privacy']['epsilon']:.4g}, delta={args.delta:g}; wrote {args.output}")
-    return 0
+
+    def summary(gate, before_write) -> int:
+        summary, columns_released = dataset_releases.release_summary(
+            args.input, args.output, quantiles=args.quantiles, value_bound=args.value_bound,
+            label_column=args.label_column, feature_columns=args.feature_columns, gate=gate,
+            before_write=before_write, **common)
+        _print_warnings(summary)
+        print(f"private statistics of {columns_released} columns: "
+              f"epsilon={summary['privacy']['epsilon']:.4g}, delta={args.delta:g}; "
+              f"wrote {args.output}")
+        return 0
+
+    if args.categorical_columns:
+        return releases.run(args, accounting.REPLACE_ONE, files, frequencies)
+    return releases.run(args, accounting.ADD_REMOVE, files, summary)
 
 
 def vocabulary(args) -> int:
-    from beam_dp import dataset_releases
+    from beam_dp import accounting, data, dataset_releases
 
-    released, privacy = dataset_releases.release_vocabulary(
-        args.input, args.output, categorical_columns=args.categorical_columns,
-        epsilon=args.epsilon, delta=args.delta, batch_rows=args.batch_rows,
-        overwrite=args.overwrite, seed=args.seed, before_write=stop_if_interrupted)
-    sizes = ", ".join(f"{c}: {len(v)}" for c, v in released)
-    print(f"released a vocabulary ({sizes} values): epsilon={privacy['epsilon']:.4g}, "
-          f"delta={args.delta:g}; wrote {args.output}")
-    return 0
+    files = sorted({f for pattern in args.input for f in data.list_files(pattern)})
+
+    def release(gate, before_write) -> int:
+        released, privacy = dataset_releases.release_vocabulary(
+            args.input, args.output, categorical_columns=args.categorical_columns,
+            epsilon=args.epsilon, delta=args.delta, batch_rows=args.batch_rows,
+            overwrite=args.overwrite, seed=args.seed, gate=gate, release_id=args._release_id,
+            before_write=before_write)
+        sizes = ", ".join(f"{c}: {len(v)}" for c, v in released)
+        print(f"released a vocabulary ({sizes} values): epsilon={privacy['epsilon']:.4g}, "
+              f"delta={args.delta:g}; wrote {args.output}")
+        return 0
+
+    return releases.run(args, accounting.ADD_REMOVE, files, release)
 
 
 def _print_warnings(summary: dict) -> None:

@@ -67,8 +67,8 @@ def run(args, beam_args: list[str]) -> int:
     validation_files = data.list_files(args.validation) if args.validation else []
     input_files = [f for pattern in args.input for f in data.list_files(pattern)]
     report.check_not_inside(args.output, input_files + validation_files)
-    charged_run.check_request(args.ledger, args.dataset_id, args.partition,
-                              args.privacy_unit_column)
+    charged_run.check_request(args.ledger, args.dataset_id, args.partition)
+    chosen = charged_unit(args, chosen)
     if args.max_jobs is not None and args.checkpoint_dir is None:
         raise ValueError("--max-jobs needs --checkpoint-dir: the next invocation goes on from it")
     orchestrator = key_values("--orchestrator-id", args.orchestrator_id)
@@ -85,6 +85,24 @@ def run(args, beam_args: list[str]) -> int:
                                                              gate),
                        lambda output: _write_released(args, release, output, validation_files),
                        bool(args.checkpoint_dir) and checkpoint_exists(args.checkpoint_dir))
+
+
+def charged_unit(args, chosen):
+    """For a user-level run (--privacy-unit-column, or the schema's privacy_unit), charged to
+    its own budget: --dataset-id becomes the ledger's dataset of that unit
+    (``ledger.core.budget_dataset``) and the relation the user-level one. ``chosen`` (its
+    ``relation``) otherwise."""
+    from beam_dp import accounting, schema
+    from beam_dp.ledger import core
+
+    unit = args.privacy_unit_column
+    if unit is None and args.schema:
+        unit = schema.read(args.schema).get("privacy_unit_column")
+    if unit is None:
+        return chosen
+    if args.dataset_id is not None:
+        args.dataset_id = core.budget_dataset(args.dataset_id, unit)
+    return argparse.Namespace(relation=accounting.USER_ADD_REMOVE)
 
 
 def run_charged(args, chosen, release: str, orchestrator: dict, run, write_released,
@@ -138,8 +156,8 @@ def release_id(args, chosen, input_files, validation_files) -> str:
         # Row-level runs: their release ids stay as they were before these flags existed.
         configuration.pop("privacy_unit_column", None)
         configuration.pop("max_rows_per_user", None)
-    if args.command == "audit":   # (not written for train: its release ids stay as they were)
-        configuration["command"] = "audit"
+    if args.command != "train":   # (not written for train: its release ids stay as they were)
+        configuration["command"] = args.command
     warm_start = getattr(args, "warm_start", None)
     extra = [warm_start] if warm_start else []
     if warm_start and report.is_output_directory(warm_start):
@@ -159,10 +177,20 @@ def write_outputs(args, files: dict) -> None:
         print(f"beam-dp: warning: {warning}", file=sys.stderr)
 
 
+def with_report_html(files: dict) -> dict:
+    """``files`` and their report.html (``outputs.with_report_html``), its warnings printed."""
+    from beam_dp import outputs
+
+    files, warnings_ = outputs.with_report_html(files)
+    for warning in warnings_:
+        print(f"beam-dp: warning: {warning}", file=sys.stderr)
+    return files
+
+
 def _write_released(args, release: str, output, validation_files) -> int:
     """A rerun of a committed release: its stored output, byte for byte, and its validation
     metrics computed again (they are not DP: the ledger does not keep them); nothing charged."""
-    from beam_dp import outputs, report
+    from beam_dp import outputs, report, report_html
     from beam_dp.model import Model
 
     if output is None:
@@ -171,6 +199,7 @@ def _write_released(args, release: str, output, validation_files) -> int:
         return EXIT_REFUSED
     files = dict(output["files"])
     if validation_files:
+        files.pop(report_html.REPORT_HTML, None)   # made again below, with the metrics
         model = Model(json.loads(files["model.json"]))
         files["metrics.json"] = report.json_text(outputs.validation_metrics(
             model, validation_files, args.runner, args.batch_rows))
@@ -221,6 +250,10 @@ def _train_and_write(api, args, beam_args, options, validation_files, release, l
     stop_if_interrupted()
     files = {"model.json": report.json_text(model.artifact),
              "privacy_report.json": report.json_text(model.privacy_report)}
+    if metrics is None:
+        # report.html kept with the release: a rerun writes the same bytes without making it
+        # again (with metrics it shows them, which the ledger does not keep: made again).
+        files = with_report_html(files)
     if ledger is not None:   # committed before the first output byte: a rerun writes these
         ledger.commit(release, {"files": files})   # (not the metrics: they are not DP)
     if metrics is not None:

@@ -7,8 +7,7 @@ import sys
 import textwrap
 import warnings
 
-from beam_dp.cli import run_arguments, train
-from beam_dp.cli.interrupts import stop_if_interrupted
+from beam_dp.cli import releases, run_arguments, train
 from beam_dp.cli.parsing import Formatter, missing_policies, requested_algorithm
 
 USAGE = "beam-dp tune --input FILES --output DIR --epsilon E [--algorithm NAME] [options]"
@@ -63,6 +62,7 @@ def add_parser(sub, argv):
     group.add_argument("--score-share", type=float, default=tuning.DEFAULT_SCORE_SHARE,
                        metavar="SHARE", help="share of each candidate's budget spent on its score")
     run_arguments.add_quality_arguments(tune, "The chosen model")
+    run_arguments.add_ledger_arguments(tune)
     for name, chosen in registry.algorithms().items():
         if name == requested_algorithm(list(argv or [])) and name in tuning.TUNABLE:
             run_arguments.add_fixed_algorithm_arguments(
@@ -91,33 +91,41 @@ def run(args) -> int:
     chosen = registry.get(args.algorithm)
     options = {f.name: getattr(args, f.name) for f in dataclasses.fields(chosen.options)
                if hasattr(args, f.name)}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = beam_dp.tune(
-            input=args.input, validation=validation_files or None, algorithm=args.algorithm,
-            model=args.model, epsilon=args.epsilon, delta=args.delta, grid=args.grid,
-            mean_candidates=args.mean_candidates, shape=args.candidates_shape,
-            holdout=args.holdout, default_share=args.default_share, score=args.score,
-            score_bound_=args.score_bound, score_share=args.score_share,
-            count_epsilon=args.count_epsilon, seed=args.seed,
-            noise=args.noise, num_classes=args.num_classes, huber_delta=args.huber_delta,
-            fit_intercept=args.fit_intercept, label_column=args.label_column,
-            feature_columns=args.feature_columns, batch_rows=args.batch_rows,
-            categorical_columns=args.categorical_columns, hash_buckets=args.hash_buckets,
-            hash_seed=args.hash_seed, vocabulary=args.vocabulary, schema=args.schema,
-            label_classes=args.label_classes, positive_class=args.positive_class,
-            missing=missing_policies(args.missing), ignore_columns=args.ignore_columns,
-            quality_check=args.quality_check, quality_epsilon=args.quality_epsilon,
-            quality_label_bound=args.quality_label_bound,
-            privacy_unit_column=args.privacy_unit_column,   # (refused by tune, never dropped)
-            max_rows_per_user=args.max_rows_per_user,
-            progress=lambda message: print(f"beam-dp: {message}", file=sys.stderr), **options)
-    for warning in model.privacy_report.get("warnings", []):   # (the quality check's, as train's)
-        print(f"beam-dp: warning: {warning}", file=sys.stderr)
-    stop_if_interrupted()
-    train.write_outputs(args, {"model.json": report.json_text(model.artifact),
-                               "privacy_report.json": report.json_text(model.privacy_report),
-                               "tuning.json": report.json_text(model.tuning)})
-    print(f"tuned {args.model} with {args.algorithm}: epsilon={model.epsilon:.4g}, "
-          f"delta={args.delta:g}; wrote {args.output}")
-    return 0
+
+    def tune_and_write(gate, before_write) -> int:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = beam_dp.tune(
+                input=args.input, validation=validation_files or None, algorithm=args.algorithm,
+                model=args.model, epsilon=args.epsilon, delta=args.delta, grid=args.grid,
+                mean_candidates=args.mean_candidates, shape=args.candidates_shape,
+                holdout=args.holdout, default_share=args.default_share, score=args.score,
+                score_bound_=args.score_bound, score_share=args.score_share,
+                count_epsilon=args.count_epsilon, seed=args.seed,
+                noise=args.noise, num_classes=args.num_classes, huber_delta=args.huber_delta,
+                fit_intercept=args.fit_intercept, label_column=args.label_column,
+                feature_columns=args.feature_columns, batch_rows=args.batch_rows,
+                categorical_columns=args.categorical_columns, hash_buckets=args.hash_buckets,
+                hash_seed=args.hash_seed, vocabulary=args.vocabulary, schema=args.schema,
+                label_classes=args.label_classes, positive_class=args.positive_class,
+                missing=missing_policies(args.missing), ignore_columns=args.ignore_columns,
+                quality_check=args.quality_check, quality_epsilon=args.quality_epsilon,
+                quality_label_bound=args.quality_label_bound,
+                privacy_unit_column=args.privacy_unit_column,   # (refused by tune, never dropped)
+                max_rows_per_user=args.max_rows_per_user, budget_gate=gate,
+                progress=lambda message: print(f"beam-dp: {message}", file=sys.stderr),
+                **options)
+        for warning in model.privacy_report.get("warnings", []):   # (the quality check's)
+            print(f"beam-dp: warning: {warning}", file=sys.stderr)
+        model.privacy_report["release_id"] = args._release_id
+        files = {"model.json": report.json_text(model.artifact),
+                 "privacy_report.json": report.json_text(model.privacy_report),
+                 "tuning.json": report.json_text(model.tuning)}
+        files = train.with_report_html(files)   # (kept with the release, as train's)
+        before_write(files)
+        train.write_outputs(args, files)
+        print(f"tuned {args.model} with {args.algorithm}: epsilon={model.epsilon:.4g}, "
+              f"delta={args.delta:g}; wrote {args.output}")
+        return 0
+
+    return releases.run(args, chosen.relation, input_files, tune_and_write, validation_files)

@@ -16,17 +16,13 @@ class RunRefused(Exception):
     """The budget refused the run (its message says why, and what stays charged)."""
 
 
-def check_request(ledger: str | None, dataset_id: str | None, partitions,
-                  privacy_unit_column: str | None = None) -> None:
+def check_request(ledger: str | None, dataset_id: str | None, partitions) -> None:
     """Refuses ledger flags that do not go together, before any work."""
     if (ledger is None) != (dataset_id is None):
         raise ValueError("--ledger and --dataset-id go together: the ledger charges the run to "
                          "the dataset's budget")
     if partitions and ledger is None:
         raise ValueError("--partition needs --ledger (partitions are budgets in the ledger)")
-    if ledger is not None and privacy_unit_column is not None:
-        from beam_dp.api import USER_LEVEL_LEDGER
-        raise ValueError(USER_LEVEL_LEDGER)
 
 
 def run_charged(url: str, release: str, dataset_id: str, partitions, relation: str,

@@ -27,6 +27,12 @@ from beam_dp.ledger.store import (LedgerError, LedgerUnavailable, ReleaseInProgr
 RESERVED, COMMITTED, VOID = "reserved", "committed", "void"
 # What ``reserve`` tells its caller.
 NEW, RESUME = "new", "resume"
+# Who voids a charge: the run itself (it failed before anyone could see a release), or an
+# operator (``beam-dp ledger void``, once it has checked that the run released nothing).
+VOIDED_BY = ("run", "operator")
+# The detail of a history row read off a charge's timestamps: the charge predates the history
+# table, so only what its timestamps say is known.
+FROM_TIMESTAMPS = {"from": "charge timestamps"}
 
 
 class BudgetExceeded(LedgerError):
@@ -82,9 +88,12 @@ class Charge:
         return self.partitions if self.partitions is not None else (None,)
 
     def rdp_on(self, orders) -> np.ndarray:
-        """Its RDP curve on ``orders``: as stored, or recomputed from its event."""
+        """Its curve on ``orders`` (``filter.rdp_curve``: RDP, then its (epsilon, delta) parts'
+        delta): as stored, or recomputed from its event. A curve stored before that delta entry
+        existed had no such parts (the filter refused them then): its delta is 0."""
         if tuple(self.orders) == tuple(orders):
-            return np.array(self.rdp, dtype=float)
+            curve = np.array(self.rdp, dtype=float)
+            return curve if len(curve) == len(orders) + 1 else np.append(curve, 0.0)
         return rdp_filter.rdp_curve(self.event, self.neighbouring, orders)
 
 
@@ -123,6 +132,9 @@ class Explanation:
     committed_epsilon: float
     committed: int
     reserved: int
+    # The delta of the charges' (epsilon, delta)-DP parts (``filter.rdp_curve``), taken from the
+    # budget's delta before the RDP sum is converted.
+    approx_delta: float = 0.0
 
     @property
     def remaining_epsilon(self) -> float | None:
@@ -199,6 +211,17 @@ def open_ledger(url: str, create: bool = True) -> "Ledger":
 ADMISSION_WAIT = 900.0
 
 
+def budget_dataset(dataset: str, privacy_unit: str | None) -> str:
+    """The ledger's dataset that the runs on ``dataset`` protecting ``privacy_unit`` (a user id
+    column: user-level runs) are charged to: ``dataset`` itself for row-level runs, else
+    ``dataset@column``, with a budget of its own. Row- and user-level guarantees protect
+    different units and do not compose by one rule (a user-level run bounds each user's
+    contribution, so one row can still move it by twice the clip norm; a row-level run bounds
+    nothing per user), so each unit has its own budget; docs/guide/production.md says how to split
+    a total between them."""
+    return dataset if privacy_unit is None else f"{dataset}@{privacy_unit}"
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds")
 
@@ -263,6 +286,14 @@ def _charge(row) -> Charge:
                   events.event_from_json(event), neighbouring, tuple(json.loads(orders)),
                   tuple(json.loads(rdp)), status, json.loads(orchestrator),
                   _decode_output(output), reserved_at, committed_at, voided_at)
+
+
+def _record(tx, release_id: str, at: str, action: str, detail: dict) -> None:
+    """One row of the charge's history, in the transaction of the change it records (so the
+    history never shows a change that was rolled back, nor misses one that was made). ``at``:
+    the timestamp the change wrote on the charge itself, so the two agree."""
+    tx.execute("INSERT INTO charge_history (release_id, at, action, detail) VALUES (?, ?, ?, ?)",
+               (release_id, at, action, json.dumps(detail, sort_keys=True)))
 
 
 class Ledger:
@@ -417,6 +448,9 @@ class Ledger:
                            "neighbouring = ?, orders = ?, rdp = ?, status = ?, orchestrator = ?, "
                            "reserved_at = ?, voided_at = NULL WHERE release_id = ?",
                            values + (release_id,))
+            _record(tx, release_id, now, "reserved" if existing is None else "re-reserved",
+                    {"partitions": None if keys is None else list(keys),
+                     "orchestrator": orchestrator})
             return Reservation(NEW, self._charge(tx, release_id))
 
     def _admit(self, tx, release_id, dataset, keys, charges, rdp) -> None:
@@ -469,6 +503,10 @@ class Ledger:
                        "AND status = ?", (events.event_to_json(wanted), json.dumps(total.tolist()),
                                           json.dumps(list(rdp_filter.ORDERS)), release_id,
                                           RESERVED))
+            # starts_over: an attempt without the earlier attempts' checkpoint, charged on top
+            # of them; its state is not where the reservation says (``beam-dp ledger void``
+            # then cannot prove that nothing was released).
+            _record(tx, release_id, _now(), "extended", {"starts_over": base is not None})
             return self._charge(tx, release_id)
 
     @contextlib.contextmanager
@@ -520,24 +558,56 @@ class Ledger:
             if charge.status == VOID:
                 raise LedgerError(f"release {release_id!r} was voided; reserve it again before "
                                   f"committing")
+            now = _now()
             tx.execute("UPDATE charges SET status = ?, output = ?, committed_at = ? "
                        "WHERE release_id = ? AND status = ?",
-                       (COMMITTED, text, _now(), release_id, RESERVED))
+                       (COMMITTED, text, now, release_id, RESERVED))
+            # No output: a run refused after its first releases, committed to keep them charged.
+            _record(tx, release_id, now, "committed", {"with_output": output is not None})
             return self._charge(tx, release_id)
 
-    def void(self, release_id: str) -> Charge:
+    def void(self, release_id: str, by: str = "run") -> Charge:
         """Gives a reserved charge's budget back. Only for a run that read no data (the ledger
-        takes the caller's word); a committed charge is never voided."""
+        takes the caller's word); a committed charge is never voided. ``by`` (VOIDED_BY): the
+        run itself, or an operator (``beam-dp ledger void``), as the history records it."""
+        if by not in VOIDED_BY:
+            raise LedgerError(f"a charge is voided by one of {', '.join(VOIDED_BY)}, got {by!r}")
         with self._store.transaction(self._dataset_of(release_id)) as tx:
             charge = self._existing(tx, release_id)
             if charge.status == COMMITTED:
                 raise LedgerError(f"refused: release {release_id!r} is committed; what was "
                                   f"released stays spent")
             if charge.status == RESERVED:
+                now = _now()
                 tx.execute("UPDATE charges SET status = ?, voided_at = ? "
                            "WHERE release_id = ? AND status = ?",
-                           (VOID, _now(), release_id, RESERVED))
+                           (VOID, now, release_id, RESERVED))
+                _record(tx, release_id, now, "voided", {"by": by})
             return self._charge(tx, release_id)
+
+    def history(self, release_id: str) -> list[dict]:
+        """What happened to the charge, oldest first: dicts of ``at`` (UTC, ISO 8601),
+        ``action`` (reserved, re-reserved, extended, committed, voided) and ``detail`` (public
+        facts: partitions and orchestrator ids on a reservation; ``starts_over`` on an extension:
+        an attempt charged on top of earlier ones; ``with_output`` on a commit: False for a run
+        refused after its first releases; ``by`` on a void: run or operator). What happened
+        before the ledger kept histories is read off the charge's timestamps (detail
+        FROM_TIMESTAMPS): its latest reservation, commit and void only."""
+        with self._store.transaction() as tx:
+            charge = self._existing(tx, release_id)
+            rows = tx.execute("SELECT at, action, detail FROM charge_history "
+                              "WHERE release_id = ? ORDER BY at", (release_id,))
+        recorded = [{"at": at, "action": action, "detail": json.loads(detail)}
+                    for at, action, detail in rows]
+        # Every change since the table exists is recorded, and its row carries the timestamp
+        # the charge got: a timestamp older than the first row is from before.
+        first = recorded[0]["at"] if recorded else None
+        earlier = [{"at": at, "action": action, "detail": dict(FROM_TIMESTAMPS)}
+                   for at, action in ((charge.reserved_at, "reserved"),
+                                      (charge.committed_at, "committed"),
+                                      (charge.voided_at, "voided"))
+                   if at is not None and (first is None or at < first)]
+        return sorted(earlier, key=lambda row: row["at"]) + recorded
 
     @contextlib.contextmanager
     def run(self, release_id: str, dataset: str, partitions, event: dp_event.DpEvent,
@@ -599,17 +669,21 @@ class Ledger:
         relations = sorted({c.neighbouring for c in charges})
         if budget is None:
             return Explanation(dataset, partition, None, relations[0] if relations else None,
-                               orders, None, tuple(spent), (), None, math.nan, math.nan,
+                               orders, None, tuple(spent[:len(orders)]), (), None, math.nan,
+                               math.nan,
                                sum(c.status == COMMITTED for c in charges),
                                sum(c.status == RESERVED for c in charges))
         spent_epsilon, best = rdp_filter.epsilon(spent, budget.delta)
+        spent_rdp, approx_delta = spent[:len(orders)], float(spent[len(orders)])
         return Explanation(
             dataset, partition, budget, relations[0] if relations else None, orders,
-            rdp_filter.delta_per_order(budget.delta), tuple(float(x) for x in spent),
+            rdp_filter.delta_per_order(max(0.0, budget.delta - approx_delta)),
+            tuple(float(x) for x in spent_rdp),
             tuple(float(x) for x in rdp_filter.order_epsilons(spent, budget.delta)),
             best if charges else None, spent_epsilon,
             rdp_filter.epsilon(committed, budget.delta)[0],
-            sum(c.status == COMMITTED for c in charges), sum(c.status == RESERVED for c in charges))
+            sum(c.status == COMMITTED for c in charges), sum(c.status == RESERVED for c in charges),
+            approx_delta)
 
     # ---------------------------------------------------------------------------- internals
 
@@ -634,7 +708,7 @@ class Ledger:
 
     @staticmethod
     def _spent(charges, key) -> np.ndarray:
-        total = np.zeros(len(rdp_filter.ORDERS))
+        total = np.zeros(rdp_filter.CURVE_LENGTH)
         for charge in charges:
             if key in charge.keys:
                 total = total + charge.rdp_on(rdp_filter.ORDERS)

@@ -46,6 +46,14 @@ adaptivity the order that stays within budget is itself random, so the ledger pa
 bound of step (2): delta / k per order. It costs ln(k) / (a - 1) in epsilon at the best order
 (e.g. a DP-SGD run of RDP epsilon 1.46 at delta 1e-5 reads as 1.86); a short grid keeps k small.
 
+(epsilon, delta) releases (``ApproxDpEvent``: partition selection, objective perturbation)
+bound no Renyi divergence. For each pair of neighbours such a release is an epsilon-DP mechanism
+except on an event of probability at most its delta (Kairouz, Oh & Viswanath 2015, Lemma 3.1),
+so the filter counts it as ``PureDpEvent(epsilon)`` in the RDP sums and takes the sum D of those
+deltas off the budget's delta: a run is admitted iff min_a conv'(a, sum_i rho_i(a)) <= epsilon
+and D < delta, conv' converting at (delta - D) / k. Off the union of the releases' bad events
+(probability <= D) the argument above holds at delta - D; with it, (epsilon, delta).
+
 Concurrent runs are covered: a run's event is fixed when it is admitted, and runs admitted
 while others are still in flight depend on fewer outputs than the sequential order allows.
 The rule only holds if a run's event does not depend on the data except through earlier
@@ -72,6 +80,8 @@ ORDERS: tuple[float, ...] = (1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0,
 _RELATION_NAMES = {
     accounting.ADD_REMOVE: accounting.ADD_REMOVE, "add_remove": accounting.ADD_REMOVE,
     accounting.REPLACE_ONE: accounting.REPLACE_ONE, "replace_one": accounting.REPLACE_ONE,
+    # User-level runs: their own datasets in the ledger (``core.budget_dataset``).
+    accounting.USER_ADD_REMOVE: accounting.USER_ADD_REMOVE,
 }
 
 VALIDITY = (
@@ -84,7 +94,8 @@ VALIDITY = (
     "advance. Across orders, splitting delta over the k orders (a union bound) makes the whole "
     "lifetime of the partition (epsilon, delta)-DP for one record of it. Epsilons are never "
     "added, and runs are not composed by PLD across runs, because neither is valid when runs "
-    "are chosen adaptively.")
+    "are chosen adaptively. An (epsilon, delta) release enters the RDP sums as an epsilon-DP one, "
+    "and its delta is taken off the budget's delta before the conversion.")
 
 
 def relation(neighbouring: str) -> str:
@@ -97,13 +108,28 @@ def relation(neighbouring: str) -> str:
                          f"{accounting.ADD_REMOVE!r} or {accounting.REPLACE_ONE!r}") from None
 
 
+# A charge's curve: its RDP at each order of ORDERS, then one more entry: the delta of its
+# (epsilon, delta)-DP parts (``ApproxDpEvent``: objective perturbation, partition selection),
+# which bound no Renyi divergence. Each such part is, for any pair of neighbours, an
+# epsilon-DP mechanism except on an event of probability at most its delta (Kairouz, Oh &
+# Viswanath 2015, Lemma 3.1; the decomposition used by every (epsilon, delta) composition
+# theorem), so the filter counts it as ``PureDpEvent(epsilon)`` in the RDP sum and adds its
+# delta to the failure probability: the partition's budget delta less the sum of those deltas
+# is what the conversion of the RDP sum may use. Both parts add up over charges, so a curve
+# stays a vector that sums.
+CURVE_LENGTH = len(ORDERS) + 1
+
+
 def rdp_curve(event, neighbouring: str, orders=ORDERS) -> np.ndarray:
-    """dp_accounting's RDP of ``event`` at ``orders`` (the project's RDP accountant: the
-    library's, plus ``PureDpEvent``). ValueError if RDP cannot account for the event."""
+    """A charge's curve (``CURVE_LENGTH`` above, on ``orders``): dp_accounting's RDP of
+    ``event`` (the project's RDP accountant: the library's, plus ``PureDpEvent``) with each
+    (epsilon, delta) part counted as its epsilon, then the sum of those parts' deltas.
+    ValueError if RDP cannot account for the event."""
+    pure, approx_delta = _approx_as_pure(event)
     acc = rdp_accountant._RdpAccountant(list(orders), relations._RELATIONS[relation(neighbouring)])
     try:
         with rdp_accountant._quiet_rdp():
-            acc.compose(event)
+            acc.compose(pure)
     except dp_accounting.UnsupportedEventError as error:
         raise ValueError(f"the RDP accountant cannot account for this event under "
                          f"{relation(neighbouring)}: {error}") from None
@@ -112,28 +138,60 @@ def rdp_curve(event, neighbouring: str, orders=ORDERS) -> np.ndarray:
         # dp_accounting's sign of numerical trouble; its conversion would read it as epsilon 0.
         raise ValueError("dp_accounting gave a negative RDP for this event (numerical "
                          "instability); the ledger does not charge it")
-    return curve
+    return np.append(curve, approx_delta)
+
+
+def _approx_as_pure(event):
+    """(``event`` with each ``ApproxDpEvent(e, d)`` leaf as ``PureDpEvent(e)``, the sum of their
+    deltas). Only composed and self-composed events are walked: an (epsilon, delta) part under
+    sampling stays, and the RDP accountant refuses it (no amplification is claimed for it)."""
+    from dp_accounting import dp_event as events
+    if isinstance(event, accounting.ApproxDpEvent):
+        return accounting.PureDpEvent(event.epsilon), float(event.delta)
+    if isinstance(event, events.ComposedDpEvent):
+        parts = [_approx_as_pure(e) for e in event.events]
+        return events.ComposedDpEvent([p for p, _ in parts]), sum(d for _, d in parts)
+    if isinstance(event, events.SelfComposedDpEvent):
+        inner, delta = _approx_as_pure(event.event)
+        return events.SelfComposedDpEvent(inner, event.count), delta * event.count
+    return event, 0.0
+
+
+def _split(curve, orders) -> tuple[np.ndarray, float]:
+    """(the RDP part, the (epsilon, delta) parts' delta) of a curve; a curve stored before the
+    delta entry existed has none."""
+    curve = np.asarray(curve, dtype=float)
+    if len(curve) == len(orders) + 1:
+        return curve[:-1], float(curve[-1])
+    return curve, 0.0
 
 
 def delta_per_order(delta: float, orders=ORDERS) -> float:
     return delta / len(orders)
 
 
-def order_epsilons(rdp, delta: float, orders=ORDERS) -> np.ndarray:
-    """conv(a, rdp(a)) for each order: the epsilon each order alone would certify."""
-    d = delta_per_order(delta, orders)
+def order_epsilons(curve, delta: float, orders=ORDERS) -> np.ndarray:
+    """conv(a, rdp(a)) for each order: the epsilon each order alone would certify, at what the
+    (epsilon, delta) parts leave of ``delta``."""
+    rdp, approx_delta = _split(curve, orders)
+    if approx_delta >= delta:
+        return np.full(len(orders), math.inf)
+    d = delta_per_order(delta - approx_delta, orders)
     return np.array([float(rdp_privacy_accountant.compute_epsilon([a], [r], d)[0])
                      for a, r in zip(orders, rdp)])
 
 
-def epsilon(rdp, delta: float, orders=ORDERS) -> tuple[float, float]:
-    """The filter's reading of an RDP curve: (min over orders of conv(a, rdp(a)), best order).
-    A run is admitted iff this, for the partition's charges plus the run, is <= epsilon."""
-    rdp = np.asarray(rdp, dtype=float)
+def epsilon(curve, delta: float, orders=ORDERS) -> tuple[float, float]:
+    """The filter's reading of a curve: (min over orders of conv(a, rdp(a)) at the delta the
+    (epsilon, delta) parts leave, best order). A run is admitted iff this, for the partition's
+    charges plus the run, is <= epsilon."""
+    rdp, approx_delta = _split(curve, orders)
+    if approx_delta >= delta:
+        return math.inf, float(orders[0])
     if not np.any(rdp > 0):
         return 0.0, float(orders[0])
     value, order = rdp_privacy_accountant.compute_epsilon(
-        list(orders), list(rdp), delta_per_order(delta, orders))
+        list(orders), list(rdp), delta_per_order(delta - approx_delta, orders))
     value = float(value)
     return (value if not math.isnan(value) else math.inf), float(order)
 

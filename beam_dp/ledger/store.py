@@ -49,6 +49,16 @@ SCHEMA = (
         committed_at TEXT,
         voided_at TEXT)""",
     "CREATE INDEX IF NOT EXISTS charges_by_dataset ON charges (dataset)",
+    # What happened to each charge, one row per state change, written in the transaction that
+    # made it (``Ledger.history``). action: reserved, re-reserved, extended, committed, voided;
+    # detail: JSON text of public facts only (partitions, orchestrator ids, who voided). Added
+    # without a new schema version: IF NOT EXISTS gives it to older ledgers on their next open.
+    """CREATE TABLE IF NOT EXISTS charge_history (
+        release_id TEXT NOT NULL,
+        at TEXT NOT NULL,
+        action TEXT NOT NULL,
+        detail TEXT NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS charge_history_by_release ON charge_history (release_id, at)",
 )
 
 
