@@ -454,7 +454,8 @@ def _problem(request: _Request, checked: _Checked, read: _Input) -> spec.Problem
         source["privacy_unit"] = dataclasses.asdict(request.bounding)
     registry.check(checked.algorithm, problem)
     charged_as = getattr(request.budget_gate, "neighbouring", None)
-    run_as = accounting.USER_ADD_REMOVE if request.bounding is not None else checked.algorithm.relation
+    run_as = (accounting.USER_ADD_REMOVE if request.bounding is not None
+              else checked.algorithm.relation)
     if charged_as is not None and charged_as != run_as:
         # (e.g. a privacy unit declared in a schema the caller of the ledger did not read)
         raise ValueError(f"the budget ledger would charge this run as {charged_as!r}, but it "

@@ -452,8 +452,8 @@ def tune(X=None, y=None, *, input=None, validation=None, algorithm: str = "dpgd"
     or ["option=v1,v2", ...]; None: ``DEFAULT_GRIDS[algorithm]``. ``score_bound_`` (the CLI's
     --score-bound): see ``row_scores``. ``fixed``: ``beam_dp.train``'s other keywords and the
     algorithm's fixed options; ``budget_gate`` among them as train takes it (the budget across
-    runs), which admits the whole plan before any data is read. ``progress(message)``: run-level messages only (nothing per
-    candidate: K is secret). ``quality_check`` / ``quality_epsilon`` / ``quality_label_bound``:
+    runs), which admits the whole plan before any data is read. ``progress(message)``: run-level
+    messages only (nothing per candidate: K is secret). ``quality_check`` / ``quality_epsilon`` / ``quality_label_bound``:
     train's private quality check (``beam_dp.quality``), run once on the chosen model over the
     training rows (``_check_chosen``)."""
     from beam_dp import api, quality
