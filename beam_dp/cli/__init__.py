@@ -45,26 +45,37 @@ DESCRIPTION = ("Differentially private training of linear and generalized linear
 
 
 def build_parser(argv: list[str] | None = None):
-    from beam_dp.algorithms import registry
-    from beam_dp.ledger import commands
+    """The CLI's parser. With ``argv`` naming a command, that command's sub-parser only: the
+    others' flags come from the algorithm registry, the quality check and dp_accounting, whose
+    imports cost ~2 s that a `beam-dp latest-model` or a `beam-dp ledger show` would pay for
+    nothing. Without one (``beam-dp --help``, a mistyped command), every command's."""
+    def ledger(sub):
+        from beam_dp.ledger import commands
+        return commands.add_parser(sub)
 
-    algorithms = registry.algorithms()
+    def algorithms():
+        from beam_dp.algorithms import registry
+        return registry.algorithms()
+
+    adders = {
+        "make-data": datasets.add_make_data_parser,
+        "train": lambda sub: train.add_parser(sub, argv, algorithms()),
+        "audit": lambda sub: audit.add_parser(sub, argv, algorithms()),
+        "tune": lambda sub: tune.add_parser(sub, argv),
+        "algorithms": listing.add_parser,
+        "ledger": ledger,
+        "stats": datasets.add_stats_parser,
+        "predict": predict.add_predict_parser,
+        "vocabulary": datasets.add_vocabulary_parser,
+        "report": predict.add_report_parser,
+        "latest-model": latest.add_parser,
+    }
+    chosen = argv[0] if argv and argv[0] in adders else None
     parser = Parser(prog="beam-dp", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True, title="commands",
                                 metavar="COMMAND")
-    parser.command_parsers = {
-        "make-data": datasets.add_make_data_parser(sub),
-        "train": train.add_parser(sub, argv, algorithms),
-        "audit": audit.add_parser(sub, argv, algorithms),
-        "tune": tune.add_parser(sub, argv),
-        "algorithms": listing.add_parser(sub),
-        "ledger": commands.add_parser(sub),
-        "stats": datasets.add_stats_parser(sub),
-        "predict": predict.add_predict_parser(sub),
-        "vocabulary": datasets.add_vocabulary_parser(sub),
-        "report": predict.add_report_parser(sub),
-        "latest-model": latest.add_parser(sub),
-    }
+    parser.command_parsers = {name: add(sub) for name, add in adders.items()
+                              if chosen is None or name == chosen}
     return parser
 
 
@@ -126,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args, extra: list[str]) -> int:
-    from beam_dp.ledger import commands
+    def ledger() -> int:
+        from beam_dp.ledger import commands
+        return commands.run(args)
 
     command = {
         "make-data": lambda: datasets.make_data(args),
@@ -135,7 +148,7 @@ def _run(args, extra: list[str]) -> int:
         "algorithms": lambda: listing.run(args),
         "audit": lambda: audit.run(args),
         "stats": lambda: datasets.stats(args, extra),
-        "ledger": lambda: commands.run(args),
+        "ledger": ledger,
         "vocabulary": lambda: datasets.vocabulary(args),
         "report": lambda: predict.report(args),
         "predict": lambda: predict.predict(args),
@@ -145,11 +158,6 @@ def _run(args, extra: list[str]) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    from beam_dp.algorithms.base import CorruptCheckpoint
-    from beam_dp.data import DataError
-    from beam_dp.ledger.store import LedgerError, LedgerUnavailable
-    from beam_dp.quality import ModelQualityError
-
     try:   # usage errors (and --help) exit through argparse: return their code instead
         args, extra = _parse(build_parser(argv), argv)
     except SystemExit as e:
@@ -159,38 +167,55 @@ def _main(argv: list[str]) -> int:
         return _run(args, extra)
     except KeyboardInterrupt:
         return _interrupted(args)
-    except ModelQualityError as e:   # its text: public settings and noisy (DP) figures only
+    except Exception as e:  # noqa: BLE001 - each kind its exit code; the rest re-raised
+        return _failed(e, args)
+
+
+def _raised(e: BaseException, module: str, name: str) -> bool:
+    """Whether ``e`` is ``module.name``: looked up only if the module was imported (an error of
+    its own cannot be raised otherwise), so that a command does not import the quality check's
+    or the ledger's dp_accounting just to name their errors."""
+    loaded = sys.modules.get(module)
+    return loaded is not None and isinstance(e, getattr(loaded, name))
+
+
+def _failed(e: Exception, args) -> int:
+    """The exit code of a command that raised ``e``, its one line printed (or ``e`` re-raised
+    when it is none of ours)."""
+    if _raised(e, "beam_dp.quality", "ModelQualityError"):
+        # (its text: public settings and noisy (DP) figures only)
         print(f"beam-dp: error: {_one_line(e)}", file=sys.stderr)
         return EXIT_QUALITY
-    except CorruptCheckpoint as e:
+    if _raised(e, "beam_dp.algorithms.base", "CorruptCheckpoint"):
         print(f"beam-dp: error: {_one_line(e)}", file=sys.stderr)
         return EXIT_CORRUPT_CHECKPOINT
-    except LedgerUnavailable as e:
+    if _raised(e, "beam_dp.ledger.store", "LedgerUnavailable"):
         print(f"beam-dp: error: {e} (temporary: run the same command again later)",
               file=sys.stderr)
         return EXIT_TRANSIENT
-    except LedgerError as e:
+    if _raised(e, "beam_dp.ledger.store", "LedgerError"):
         print(f"beam-dp: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    except OSError as e:
+    if isinstance(e, OSError):
         print(f"beam-dp: error: {_one_line(e)}", file=sys.stderr)
         if e.errno in TRANSIENT_ERRNOS:   # another attempt may succeed, and resumes
             print("beam-dp: (temporary: run the same command again later)", file=sys.stderr)
             return EXIT_TRANSIENT
         return EXIT_USAGE
-    except (DataError, ValueError, TypeError) as e:
+    if isinstance(e, (ValueError, TypeError)) or _raised(e, "beam_dp.data", "DataError"):
         print(f"beam-dp: error: {_one_line(e)}", file=sys.stderr)
         return EXIT_USAGE
-    except Exception as e:  # a Beam runner wraps worker errors; show our one line if it is there
-        if INTERRUPTED.is_set():   # Beam wrapped the KeyboardInterrupt
-            return _interrupted(args)
-        text = str(e)
-        if DataError.MARKER in text:
-            line = text[text.index(DataError.MARKER) + len(DataError.MARKER):].splitlines()[0]
-            line = line.split(" [while running")[0]  # Beam appends the step's name
-            print(f"beam-dp: error: {line.strip()}", file=sys.stderr)
-            return EXIT_USAGE
-        raise
+    # A Beam runner wraps worker errors; show our one line if it is there.
+    if INTERRUPTED.is_set():   # Beam wrapped the KeyboardInterrupt
+        return _interrupted(args)
+    from beam_dp.data import DataError
+    text = str(e)
+    if DataError.MARKER in text:
+        line = text[text.index(DataError.MARKER) + len(DataError.MARKER):].splitlines()[0]
+        line = line.split(" [while running")[0]  # Beam appends the step's name
+        print(f"beam-dp: error: {line.strip()}", file=sys.stderr)
+        return EXIT_USAGE
+    raise e
 
 
 def _interrupted(args) -> int:

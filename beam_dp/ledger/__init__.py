@@ -15,16 +15,23 @@ SQLite (a file) or PostgreSQL (a team) hold it; ``open_ledger(url)`` picks one::
             model = train(...)
             run.commit(model)
 """
-from beam_dp.ledger.core import (
-    COMMITTED, NEW, RESERVED, RESUME, VOID, Budget, BudgetExceeded, Charge, Explanation, Ledger,
-    LedgerError, NoBudget, ReleaseIdCollision, ReleaseInProgress, Reservation, Run, SchemaTooNew,
-    open_ledger)
-from beam_dp.ledger.events import event_from_json, event_to_json
-from beam_dp.ledger.filter import ORDERS
+import importlib
 
-__all__ = [
-    "COMMITTED", "NEW", "RESERVED", "RESUME", "VOID", "Budget", "BudgetExceeded", "Charge",
-    "Explanation", "Ledger", "LedgerError", "NoBudget", "ORDERS", "ReleaseIdCollision",
-    "ReleaseInProgress", "Reservation", "Run", "SchemaTooNew", "event_from_json", "event_to_json",
-    "open_ledger",
-]
+# Where each public name lives, imported on first use (PEP 562): the CLI imports
+# ``beam_dp.ledger.store`` for its error types on every command, and the filter's dp_accounting
+# (~1.2 s with scipy.signal) is for the commands that charge or read budgets only.
+_HOMES = {
+    **{name: "core" for name in (
+        "COMMITTED", "NEW", "RESERVED", "RESUME", "VOID", "Budget", "BudgetExceeded", "Charge",
+        "Explanation", "Ledger", "LedgerError", "NoBudget", "ReleaseIdCollision",
+        "ReleaseInProgress", "Reservation", "Run", "SchemaTooNew", "open_ledger")},
+    "event_from_json": "events", "event_to_json": "events", "ORDERS": "filter",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
