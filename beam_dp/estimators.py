@@ -13,13 +13,17 @@ in-memory sizes; ``privacy_report_["algorithm_choice"]`` says what and why).
 
 Class labels are public information in this design: pass ``classes``. Without it they are read
 from ``y`` (as scikit-learn does), which reveals which labels occur; a ``PrivacyLeakWarning`` says
-so (diffprivlib's convention). ``random_state`` fixes the seed, for tests only: without it all
+so (diffprivlib's convention), and ``privacy_report_["classes"]`` records it
+(``covered``: False). ``random_state`` fixes the seed, for tests only: without it all
 randomness comes from the OS's secure source. ``tune``: True, or a dict of ``beam_dp.tune``'s
 keywords (``{"grid": {"clip_norm": (0.3, 1, 3)}, "mean_candidates": 10}``), selects the
 algorithm's hyperparameters privately, inside ``epsilon`` (docs/guide/tuning.md, "Private hyperparameter
 selection"); ``algorithm_options`` are then the fixed ones, and ``tuning_`` says what was
 chosen. Preprocessing inside a ``Pipeline`` (a scaler, say)
 is fitted on the data without privacy; use public bounds there or account for it separately.
+``cross_val_score``, ``GridSearchCV`` and the like fit the estimator many times on the same
+rows: each fit spends its ``epsilon``, and picking the best by their (non-private) scores is
+not a private selection. Use ``tune=`` for a selection inside ``epsilon``.
 
 ``schema`` (``beam_dp.schema``: a dict or a JSON file): ``X`` is then a raw pandas DataFrame,
 read as ``beam_dp.train(frame, schema=...)`` reads it (categorical text columns, missing cells
@@ -41,6 +45,11 @@ from sklearn.utils.validation import validate_data as _sklearn_validate_data
 
 from beam_dp import api, frames
 from beam_dp import schema as schema_mod
+
+
+# What a classifier fitted without classes= records in its privacy report.
+CLASSES_NOT_COVERED = ("the class set was read from y: which labels occur is not covered by the "
+                       "privacy guarantee (pass classes=[...] to keep it public)")
 
 
 class PrivacyLeakWarning(api.PrivacyWarning):
@@ -177,12 +186,21 @@ class _DPClassifier(ClassifierMixin, _DPEstimator):
         if not np.array_equal(classes[index], y):
             raise ValueError("y has a label that is not in classes")
         self.classes_ = classes
-        if len(classes) == 2:
-            return self._train(X, index, self._binary_model)
-        if self._binary_model != "logistic":
+        if len(classes) != 2 and self._binary_model != "logistic":
             raise ValueError(f"Only binary classification is supported by {type(self).__name__}; "
                              f"use DPLogisticRegression for {len(classes)} classes")
-        return self._train(X, index, "softmax", num_classes=len(classes))
+        if len(classes) == 2:
+            self._train(X, index, self._binary_model)
+        else:
+            self._train(X, index, "softmax", num_classes=len(classes))
+        # Kept in the report (what outlives the fit), not only warned: which labels occur is
+        # read from the data, outside the guarantee, and one relabelled row can change the
+        # class set and with it the coefficients' shape.
+        self.privacy_report_["classes"] = (
+            {"source": "classes= (public)", "covered": True} if self.classes is not None else
+            {"source": "read from the training labels (classes=None)", "covered": False,
+             "note": CLASSES_NOT_COVERED})
+        return self
 
     def decision_function(self, X):
         return self._scores(X)

@@ -155,10 +155,15 @@ def test_raw_dataframe_with_a_schema(frame):
         DPLogisticRegression(classes=["no", "yes"], schema=schema).fit(raw.to_numpy(), labels)
 
 
-def test_classes_from_y_warn_of_the_leak(binary_xy):
+def test_classes_from_y_warn_of_the_leak_and_the_report_keeps_it(binary_xy):
     x, y = binary_xy
     with pytest.warns(PrivacyLeakWarning, match="classes"):
-        DPLogisticRegression(random_state=0, accountant="rdp").fit(x, y)
+        read = DPLogisticRegression(random_state=0, accountant="rdp").fit(x, y)
+    assert read.privacy_report_["classes"]["covered"] is False
+    assert "not covered" in read.privacy_report_["classes"]["note"]
+    assert read.model_.privacy_report["classes"] == read.privacy_report_["classes"]
+    given = DPLogisticRegression(random_state=0, accountant="rdp", classes=[0, 1]).fit(x, y)
+    assert given.privacy_report_["classes"] == {"source": "classes= (public)", "covered": True}
 
 
 @pytest.fixture(scope="module")
