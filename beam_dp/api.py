@@ -612,17 +612,21 @@ def _warnings(privacy_report: dict, dataset_size: dict) -> list[str]:
     epsilon, delta and the released count with its public error bound)."""
     found = []
     n, delta, epsilon = dataset_size["value"], privacy_report["delta"], privacy_report["epsilon"]
+    error = dataset_size.get("error_bound_95")
+    # n as the user should read it: a noisy estimate with its error (a small table's count may
+    # come out near 1 or far off: "n ~ 1" read as a fact), or the public value given.
+    size = (f"n = {n:,}" if error is None else f"the noisy estimate of n, {n:,} +-{error:.0f}")
     if delta * n >= 1:
-        found.append(f"delta = {delta:g} is not small against 1/n (n ~ {n}): a mechanism may then "
+        found.append(f"delta = {delta:g} is not small against 1/n ({size}): a mechanism may then "
                      f"publish a {'user' if dataset_size.get('unit') == 'users' else 'row'} "
                      "outright; choose delta well below 1/n")
     if epsilon > LARGE_EPSILON:
         found.append(f"epsilon = {epsilon:.4g} is above {LARGE_EPSILON:g}: the guarantee says "
                      "little at that level")
-    error = dataset_size.get("error_bound_95")
     if error is not None and error > 0.1 * n:
         unit = dataset_size.get("unit", "rows")   # users under user-level privacy
-        found.append(f"the private count's 95% error (+-{error:.0f} {unit}) is large against n ~ {n}: "
+        found.append(f"the private count's 95% error (+-{error:.0f} {unit}) is large against its "
+                     f"noisy estimate of n ({n:,}): "
                      "steps are normalized by a cautious floor and learn slowly; give "
                      "num_examples (--num-examples) if n is public, or a larger count_epsilon")
     chose = privacy_report.get("algorithm_choice") or {}
@@ -632,8 +636,8 @@ def _warnings(privacy_report: dict, dataset_size: dict) -> list[str]:
         # 10,000 rows chose dpsgd, which the quality check found no better than the constant).
         hint = chose["rows"]
         if hint > 10 * (n + error) or 10 * hint < n - error:
-            found.append(f"--rows-hint {hint:,} is far from the private count (n ~ {n}, "
-                         f"+-{error:.0f}): --algorithm auto chose {chose['chosen']} for a table "
+            found.append(f"--rows-hint {hint:,} is far from the private count ({size}): "
+                         f"--algorithm auto chose {chose['chosen']} for a table "
                          "of the hinted size; give a closer hint or name the algorithm")
     imputed = (privacy_report.get("preprocessing") or {}).get("imputation") or {}
     for name, fill in imputed.items():
@@ -643,7 +647,7 @@ def _warnings(privacy_report: dict, dataset_size: dict) -> list[str]:
             declare = ("" if fill.get("grid") == "uniform over the declared range"
                        else "declare the column's range (bounds), ")
             found.append(f"the private median filling '{name}' has a 95% rank error of "
-                         f"{fill['rank_error_95']:.0f} rows against n ~ {n}: it may lie anywhere "
+                         f"{fill['rank_error_95']:.0f} rows against {size}: it may lie anywhere "
                          f"on its grid ({fill['grid']}); {declare}give a larger --scale-epsilon, "
                          "or use indicator")
     preprocessing = privacy_report.get("preprocessing") or {}

@@ -483,3 +483,16 @@ def test_raw_dataframe_errors_name_the_frame_not_a_value(raw_frame):
     _no_secret(str(e.value))
     with pytest.raises(ValueError, match="in-process"):
         beam_dp.train(raw_frame, schema=FRAME_SCHEMA, runner="FnApiRunner", **FRAME_FAST)
+
+
+def test_the_size_warnings_call_a_noisy_count_an_estimate():
+    """A 25-row table's private count can come out as 1: the warnings say "the noisy estimate
+    of n" with its error, never "n ~ 1" as if it were the table's size; a public n is n."""
+    from beam_dp.api import _warnings
+    report = {"delta": 0.5, "epsilon": 1.0}
+    noisy = _warnings(report, {"value": 4, "error_bound_95": 300.0, "source": "private"})
+    assert any("noisy estimate of n (4)" in w for w in noisy)
+    assert any("the noisy estimate of n, 4 +-300" in w for w in noisy)   # (delta vs 1/n)
+    assert not any("n ~" in w for w in noisy)
+    public = _warnings(report, {"value": 25, "source": "public (--num-examples)"})
+    assert [w for w in public if "delta" in w][0].count("n = 25") == 1
