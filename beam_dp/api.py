@@ -46,8 +46,8 @@ class PrivacyWarning(UserWarning):
 
 
 class QualityWarning(UserWarning):
-    """The private quality check found the model not better than a constant predictor on the
-    training data (``beam_dp.quality``)."""
+    """The private quality check found the model worse than a constant predictor on the
+    training data, beyond its noise (``beam_dp.quality``)."""
 
 
 ModelQualityError = quality.ModelQualityError
@@ -129,7 +129,8 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
     releases already in the ledger): ``quality_check`` "on" (default) or "off";
     ``quality_epsilon`` its share of epsilon (default 5 percent; part of the total, not on top);
     ``quality_label_bound`` the public bound L of a regression's labels and predictions in it.
-    A model not better than a constant gives a ``QualityWarning``; one much worse (or with
+    A model worse than a constant gives a ``QualityWarning`` (an inconclusive check is recorded
+    in the report, never a warning); one much worse (or with
     non-finite coefficients) raises ``ModelQualityError`` and no model is returned.
     """
     _refuse_scaled_noise()
@@ -453,11 +454,10 @@ def _problem(request: _Request, checked: _Checked, read: _Input) -> spec.Problem
     if request.bounding is not None:   # public: the unit's column name and K
         source["privacy_unit"] = dataclasses.asdict(request.bounding)
     registry.check(checked.algorithm, problem)
-    charged_as = getattr(request.budget_gate, "neighbouring", None)
-    run_as = (accounting.USER_ADD_REMOVE if request.bounding is not None
-              else checked.algorithm.relation)
+    chosen_relation = checked.algorithm.relation
+    charged_as = getattr(request.budget_gate, "neighbouring", None)   # (a schema's unit, say)
+    run_as = accounting.USER_ADD_REMOVE if request.bounding is not None else chosen_relation
     if charged_as is not None and charged_as != run_as:
-        # (e.g. a privacy unit declared in a schema the caller of the ledger did not read)
         raise ValueError(f"the budget ledger would charge this run as {charged_as!r}, but it "
                          f"runs as {run_as!r}: each unit of privacy has its own budget "
                          f"(beam_dp.ledger.core.budget_dataset)")
@@ -568,7 +568,7 @@ def _model_of(run: _Run, request: _Request) -> "Model":
     for message in _warnings(privacy_report, run.result.dataset_size):
         privacy_report.setdefault("warnings", []).append(message)
         warnings.warn(message, PrivacyWarning, stacklevel=3)
-    if checked.get("status") in ("not_better", "inconclusive"):
+    if checked.get("status") == "worse":   # (inconclusive: recorded, never an alarm)
         message = quality.warning_text(
             checked, (privacy_report.get("hyperparameters") or {}).get("values"))
         privacy_report.setdefault("warnings", []).append(message)
@@ -613,8 +613,7 @@ def _warnings(privacy_report: dict, dataset_size: dict) -> list[str]:
     found = []
     n, delta, epsilon = dataset_size["value"], privacy_report["delta"], privacy_report["epsilon"]
     error = dataset_size.get("error_bound_95")
-    # n as the user should read it: a noisy estimate with its error (a small table's count may
-    # come out near 1 or far off: "n ~ 1" read as a fact), or the public value given.
+    # n as a noisy estimate with its error (a small table's "n ~ 1" was read as a fact)
     size = (f"n = {n:,}" if error is None else f"the noisy estimate of n, {n:,} +-{error:.0f}")
     if delta * n >= 1:
         found.append(f"delta = {delta:g} is not small against 1/n ({size}): a mechanism may then "

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 from typing import Callable, Sequence
 
 from beam_dp import (accounting, data, losses, mechanisms, report, secure_noise, stats,
@@ -219,6 +218,4 @@ def _write(directory: str, contents: dict, before_write: Callable[[dict], None])
     written: a rerun of a committed release writes the same bytes."""
     files = {name: report.json_text(value) for name, value in contents.items()}
     before_write(files)
-    for name, text in files.items():
-        with open(os.path.join(directory, name), "w") as f:
-            f.write(text)
+    report.write_texts(directory, files)

@@ -17,9 +17,7 @@ def write_outputs(output: str, overwrite: bool, files: dict) -> list[str]:
     same)."""
     files, warnings = with_report_html(files)
     with report.atomic_directory(output, overwrite) as out:
-        for name, text in files.items():
-            with open(os.path.join(out, name), "w") as f:
-                f.write(text)
+        report.write_texts(out, files)
     return warnings
 
 

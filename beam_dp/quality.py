@@ -64,12 +64,15 @@ reported epsilon is the ledger's, by dp_accounting; tests check it is within the
 
 The rule (``verdict``), on the noisy figures and the std of their noise (the delta method for
 the regression's S1^2 / n term; the error of a released n and the noisy choice of k* are not
-in the std): "not better than constant" when (constant's error - model's error) is not above
-NOT_BETTER_Z standard deviations; "much worse" (the run stops, writing no model) when (model's
-error - MUCH_WORSE x constant's error) is above MUCH_WORSE_Z standard deviations. When the noise is
-too large against the data size for either (INFORMATIVE), it is "inconclusive", which warns as
-"not better" does. A model with non-finite coefficients is refused before any check
-(``check_finite``).
+in the std), three outcomes and a refusal: "better" when (constant's error - model's error) is
+above VERDICT_Z standard deviations, "worse" (a warning) when it is below -VERDICT_Z, and
+"inconclusive" in between, or when the noise is too large against the data size to say
+anything (INFORMATIVE): recorded with its noise level, never a warning, since a model as good as
+the constant and a good model on a rare class (ISLR Default: 3% positives, the constant's error
+small) land there alike, and a warning on them taught users to ignore the ones that mattered
+(52 of 55 runs warned). "much worse" (the run stops, writing no model) when (model's error -
+MUCH_WORSE x constant's error) is above MUCH_WORSE_Z standard deviations. A model with
+non-finite coefficients is refused before any check (``check_finite``).
 """
 from __future__ import annotations
 
@@ -98,7 +101,10 @@ QUALITY_SHARE = 0.05
 # Regression: the public bound L labels and predictions are clamped to, where the algorithm
 # declares none (ssp's --label-bound is used where it exists).
 DEFAULT_LABEL_BOUND = 4.0
-NOT_BETTER_Z = 2.0     # ~2.3% of models better than the constant by exactly 2 std are flagged
+# A verdict asks for this many noise std: "better" above +Z, "worse" below -Z, "inconclusive"
+# between. A model at least as good as the constant is called worse with probability <= 2.3%
+# (the Gaussian tail below -2 std), one exactly as good called better as rarely.
+VERDICT_Z = 2.0
 MUCH_WORSE = 4.0       # "much worse": an error above 4x the constant's
 # Under the assumed DEFAULT_LABEL_BOUND, "much worse" stands unless the labels' noisy mean of
 # a^2 / L^2 passes this: 1 when all are clamped to the bound (raw prices), so above 0.9 most
@@ -380,7 +386,7 @@ def judged(loss, noisy, check, n: float, over: str) -> dict:
         # harmless (a diverged model of such labels is still refused). Post-processing.
         piled = float(np.asarray(noisy)[2]) / max(float(n), 1.0) > ASSUMED_BOUND_FIT
         if piled and checked["status"] == "much_worse":
-            checked["status"] = "not_better"
+            checked["status"] = "worse"
         checked["label_bound_assumed"] = (
             f"labels and predictions clamped to an assumed [-{check.label_bound:g}, "
             f"{check.label_bound:g}] (no declared or released label range)"
@@ -394,6 +400,7 @@ def judged(loss, noisy, check, n: float, over: str) -> dict:
         noise=check.noise)
     if check.label_bound is not None:
         checked["label_bound"] = check.label_bound
+    checked["summary"] = summary_text(checked)
     return checked
 
 
@@ -401,7 +408,7 @@ def verdict(loss: losses.GlmLoss, noisy: np.ndarray, noise_multiplier: float,
             label_bound: float | None, n: float,
             relation: str = accounting.ADD_REMOVE) -> dict:
     """The report of the check from its noisy sums (post-processing only): the figures with
-    their noise std, and ``status``: "better", "not_better" or "much_worse"."""
+    their noise std, and ``status``: "better", "inconclusive", "worse" or "much_worse"."""
     noisy = np.asarray(noisy, dtype=np.float64)
     if loss.is_classifier:
         tau = noise_multiplier * sensitivity(loss, relation)
@@ -435,10 +442,12 @@ def verdict(loss: losses.GlmLoss, noisy: np.ndarray, noise_multiplier: float,
         status = "inconclusive"
     elif worse > MUCH_WORSE_Z * worse_std:
         status = "much_worse"
-    elif gain <= NOT_BETTER_Z * gain_std:
-        status = "not_better"
-    else:
+    elif gain < -VERDICT_Z * gain_std:
+        status = "worse"
+    elif gain > VERDICT_Z * gain_std:
         status = "better"
+    else:
+        status = "inconclusive"
     return {
         "status": status,
         "metric": what,
@@ -447,10 +456,11 @@ def verdict(loss: losses.GlmLoss, noisy: np.ndarray, noise_multiplier: float,
                      "predictor": ("the noisy majority class" if loss.is_classifier else
                                    "the mean clamped label")},
         "constant_minus_model": {"value": float(gain / n), "noise_std": gain_std / n},
-        "rule": (f"inconclusive when the model's per-row noise std passes {INFORMATIVE:g} of its "
-                 f"range; not better than constant when constant_minus_model <= {NOT_BETTER_Z:g} noise "
-                 f"std; much worse (no model written) when the model's error exceeds "
-                 f"{MUCH_WORSE:g}x the constant's by more than {MUCH_WORSE_Z:g} noise std"),
+        "rule": (f"better when constant_minus_model > {VERDICT_Z:g} noise std, worse when it is "
+                 f"below -{VERDICT_Z:g}, inconclusive between (or when the model's per-row noise "
+                 f"std passes {INFORMATIVE:g} of its range); much worse (no model written) when "
+                 f"the model's error exceeds {MUCH_WORSE:g}x the constant's by more than "
+                 f"{MUCH_WORSE_Z:g} noise std"),
         "rows": float(n),
         "neighbouring": relation,
         "sensitivity": sensitivity(loss, relation),
@@ -476,28 +486,31 @@ def advice(values: dict | None) -> str:
 
 
 def warning_text(report: dict, values: dict | None = None) -> str:
-    """The stderr line of a model not better than a constant (noisy figures and stds only);
+    """The stderr line of a model worse than a constant (noisy figures and stds only);
     ``values``: the run's public options, for ``advice``."""
     model, const = report["model"], report["constant"]
-    if report["status"] == "inconclusive":
-        return (f"the private quality check cannot tell whether the model is better than a "
-                f"constant predictor: its noise (std about {model['noise_std']:.2g} on the "
-                f"model's {report['metric']}) is too large for this data size; give more rows or "
-                f"a larger --quality-epsilon")
-    # A noisy gain above 0 but within NOT_BETTER_Z noise std is "not shown better", not "worse":
-    # on a rare class (ISLR Default, 3% positives) the constant's error is small and a good model
-    # (AUC 0.97) gains little on it, so the verdict must not read as a finding that it is worse.
-    what = ("the model is not better than a constant predictor"
-            if report["constant_minus_model"]["value"] <= 0 else
-            "the model is not shown to be better than a constant predictor (the gain is within "
-            f"{NOT_BETTER_Z:g} noise std)")
-    return (f"{what} on the training data by the "
+    return (f"the model is worse than a constant predictor on the training data by the "
             f"private quality check ({report['metric']}: model {model['value']:.4g}, constant "
             f"{const['value']:.4g}, each a DP release with noise std about "
             f"{report['constant_minus_model']['noise_std']:.2g} on their difference): "
             f"{advice(values)}"
             + (f"; the {report['label_bound_assumed']}" if report.get("label_bound_assumed")
                else ""))
+
+
+def summary_text(report: dict) -> str:
+    """The check's outcome in one neutral sentence, for the report (noisy figures only)."""
+    status, model = report.get("status"), report.get("model") or {}
+    if status == "better":
+        return "better than the constant predictor (beyond the noise)"
+    if status == "inconclusive":
+        return (f"inconclusive at this budget: the difference from the constant predictor is "
+                f"within the noise (std about {report['constant_minus_model']['noise_std']:.2g} "
+                f"on the {report['metric']}, {model.get('noise_std', 0):.2g} on the model's); "
+                "more rows or a larger --quality-epsilon would tell")
+    if status == "worse":
+        return "worse than the constant predictor (beyond the noise): see the warning"
+    return str(status)
 
 
 def refusal_text(report: dict) -> str:

@@ -364,5 +364,12 @@ def json_text(value: dict) -> str:
 
 
 def write_json(directory: str, name: str, value: dict) -> None:
-    with open(os.path.join(directory, name), "w") as f:
-        f.write(json_text(value))
+    write_texts(directory, {name: json_text(value)})
+
+
+def write_texts(directory: str, files: dict) -> None:
+    """Each file's text (name -> text) into ``directory``: ``atomic_directory``'s scratch
+    space, which it then publishes."""
+    for name, text in files.items():
+        with open(os.path.join(directory, name), "w") as f:
+            f.write(text)

@@ -556,7 +556,7 @@ def _build(model: dict, privacy: dict, metrics: dict | None) -> str:
     if isinstance(check, dict):   # DP releases (noisy sums in the ledger), unlike the metrics above
         parts.append("<h2>Private quality check (training data)</h2>")
         rows = [("status", _e(check.get("status", "")))]
-        for key in ("metric", "reason", "rule", "noise"):
+        for key in ("summary", "metric", "reason", "rule", "noise"):
             if check.get(key) is not None:
                 rows.append((key, _e(check[key])))
         for key in ("model", "constant", "constant_minus_model"):

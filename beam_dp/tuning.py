@@ -57,8 +57,8 @@ more Gaussian release composed outside the selection like the count and the rang
 multiplier fixed from public constants by ``quality.reserve`` (its share of epsilon,
 ``quality_epsilon``, default a twentieth, calibrated alone) and recorded in the ledger before
 anything else, so the run's event gains a ``GaussianDpEvent(quality_multiplier)`` beside the
-count. Its verdict acts as in train: "not better" or "inconclusive" warns (QualityWarning, the
-report's warnings), "much worse" raises ModelQualityError and nothing is returned.
+count. Its verdict acts as in train: "worse" warns (QualityWarning, the report's warnings),
+"inconclusive" is recorded only, "much worse" raises ModelQualityError and nothing is returned.
 
 sigma is calibrated (dp_accounting's RDP accountant) so that this event meets the requested
 (epsilon, delta); the ledger's epsilon of it is the reported one.
@@ -642,7 +642,7 @@ def tune(X=None, y=None, *, input=None, validation=None, algorithm: str = "dpgd"
     if checked.get("status") == "much_worse":
         raise quality.ModelQualityError(quality.refusal_text(checked))
     privacy["quality_check"] = checked
-    if checked.get("status") in ("not_better", "inconclusive"):
+    if checked.get("status") == "worse":   # (inconclusive: recorded, never an alarm)
         message = quality.warning_text(checked, privacy["hyperparameters"]["values"])
         privacy.setdefault("warnings", []).append(message)
         warnings.warn(message, api.QualityWarning, stacklevel=2)

@@ -103,15 +103,13 @@ def test_classifier_check_within_the_target_good_not_flagged_useless_flagged(nam
     assert (off.privacy_report["mechanisms"][-1]["noise_multiplier"]
             < model.privacy_report["mechanisms"][-1]["noise_multiplier"])
     g = np.random.default_rng(7)
-    flagged = 0
-    for seed in range(2):
+    for seed in range(2):   # never called better; warned of only when worse beyond the noise
         y_useless = (g.random(4000) < 0.7).astype(float)
         useless, caught = _train(x, y_useless, algorithm=name, epsilon=1.0, seed=seed)
         _check_ledger(useless)
         status = useless.privacy_report["quality_check"]["status"]
-        assert status in ("not_better", "much_worse")
-        flagged += len(caught) == 1 or status == "much_worse"
-    assert flagged == 2
+        assert status in ("inconclusive", "worse", "much_worse")
+        assert (len(caught) == 1) == (status == "worse")
 
 
 def test_heavy_tailed_md_check_good_not_flagged_useless_flagged():
@@ -136,8 +134,9 @@ def test_heavy_tailed_md_check_good_not_flagged_useless_flagged():
         useless, caught = _train(x, y, algorithm="heavy-tailed-md", model="linear", epsilon=1.0,
                                  seed=seed)
         _check_ledger(useless)
-        assert useless.privacy_report["quality_check"]["status"] == "not_better"
-        assert len(caught) == 1 and "not better than a constant" in str(caught[0].message)
+        status = useless.privacy_report["quality_check"]["status"]
+        assert status in ("inconclusive", "worse")
+        assert (len(caught) == 1) == (status == "worse")
 
 
 @pytest.mark.slow
@@ -148,8 +147,8 @@ def test_bias_reduced_sgd_check_within_the_target_and_flags_its_useless_model():
     x, y = synthetic.make_dataset("binary", 4000, 5, 0)
     model, caught = _train(x, y, algorithm="bias-reduced-sgd", epsilon=1.0, seed=0)
     check = _check_ledger(model)
-    assert check["status"] in ("not_better", "much_worse")
-    assert len(caught) == 1 or check["status"] == "much_worse"
+    assert check["status"] in ("inconclusive", "worse", "much_worse")
+    assert (len(caught) == 1) == (check["status"] == "worse")
     params = model.privacy_report["algorithm_parameters"]
     assert params["planned_epsilon"] == pytest.approx(model.privacy_report["epsilon"], rel=1e-6)
 
