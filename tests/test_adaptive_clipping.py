@@ -238,7 +238,8 @@ def test_dp_ambssgd_private_step_size_fits_unscaled_correlated_features():
 def test_the_divergence_guard_stops_a_diverging_run_without_data_values(monkeypatch):
     # Forced: the private step size times 1000, far beyond 2 / lambda_max. Every gradient is
     # clipped, so the iterate swings (amplitude ~ eta R_x B) rather than explodes; the guard
-    # stops the run once ||theta|| sqrt(d + 1) passes 10 B, with public numbers only.
+    # stops the run once ||theta|| r passes 10 B, with public numbers only (r the mapped rows'
+    # nominal norm under --standardize private: sqrt(PERCENTILE_SPAN^2 d + 1)).
     x, y = _diamonds_like()
     monkeypatch.setattr(dp_ambssgd, "STEP_FACTOR", 1e3)
     config = noisy_gd.NoisyGDConfig(epsilon=1.0, delta=1e-5, num_examples=len(y), noise="float")
@@ -247,7 +248,8 @@ def test_the_divergence_guard_stops_a_diverging_run_without_data_values(monkeypa
                          LocalAggregator(_blocks(x, y)), 0, accounting.Ledger(),
                          private_step_size=True)
     message = str(caught.value)
-    assert f"{10 * 1e4 / math.sqrt(x.shape[1] + 1):.3g}" in message
+    radius = math.sqrt(dp_ambssgd.PERCENTILE_SPAN ** 2 * x.shape[1] + 1)
+    assert f"{10 * 1e4 / radius:.3g}" in message
     assert not any(f"{v:.3g}" in message for v in (float(y.mean()), float(np.abs(x).max())))
 
 
