@@ -149,8 +149,9 @@ STAGE_JOBS = ("dpgd", "ssp", "mirror-descent", "objective-perturbation", "bias-r
 # The algorithms with secure noise (--noise secure; exact integer sums: bit-identical models):
 # every registered algorithm and variant (keys of EQUIVALENCE).
 SECURE = ("dpgd", "dpsgd", "ssp", "dp-ambssgd", "dpsgd-f-practical", "dpsgd-f-theory")
-# Those that fit the real table's classifier (test_real_table_secure_noise_same_bits_...).
-SECURE_CLASSIFIERS = ("dpgd", "dpsgd", "dpsgd-f")
+# Those that fit the real table's classifier (test_real_table_secure_noise_same_bits_...): dpgd's
+# secure noise, its default, is test_real_table_with_defaults_same_model_on_every_runner's.
+SECURE_CLASSIFIERS = ("dpsgd", "dpsgd-f")
 # Full-batch stages over every block (no per-block sampling): any --batch-rows gives the same sums.
 FULL_BATCH = ("dpgd", "ssp")
 
@@ -863,7 +864,8 @@ def test_real_table_with_defaults_same_model_on_every_runner(tmp_path, cli, islr
                                                               beam_jobs, algorithm, kind):
     """Default flags (private count, --epsilon only) on a real table cut into row-group shards:
     training in as few jobs as its steps allow, each shard read once per job, the local
-    runner's model, nothing left behind."""
+    runner's model (its very bits: secure noise is the default, exact integer sums), nothing
+    left behind."""
     temp = tmp_path / "temp"
     # --batch-rows 200: shards of >= 800 rows, i.e. files cut at their row groups (700 rows).
     common = ["train", "--input", islr_default["glob"], "--algorithm", algorithm,
@@ -883,10 +885,13 @@ def test_real_table_with_defaults_same_model_on_every_runner(tmp_path, cli, islr
     assert job["opened"] == {f: sum(s.path == f for s in shards) for f in {s.path for s in shards}}
     local, beam = model_theta(tmp_path / "local"), model_theta(tmp_path / "beam")
     assert np.linalg.norm(local) > 0
-    np.testing.assert_allclose(beam, local, rtol=1e-9, atol=1e-12)
+    np.testing.assert_array_equal(beam, local)
     report = read_json(tmp_path / "beam" / "privacy_report.json")
     assert report["dataset_size"]["source"].startswith("private")
     assert report["epsilon"] <= 1.0
+    steps = report["mechanisms"][-1]
+    assert steps["noise"].startswith("discrete Gaussian on exact integer sums")
+    assert 0 < steps["sampler_delta_bound"] <= 1e-3 * report["delta"]
     assert _leftovers(temp) == []
 
 
