@@ -49,7 +49,10 @@ With ``scale_features`` "private" or "auto" (dpgd's private column scaling), the
 quantiles are released once, before the candidates, from the training rows (pure epsilon
 ``scale_epsilon``, default a tenth of epsilon, composed outside the selection like the counts),
 and every candidate trains on the same scaled columns: the map is recorded in the chosen
-model.json as ``beam-dp train`` records it.
+model.json as ``beam-dp train`` records it. Where they release nothing (decided from public
+values and the released count), the plan is calibrated again without their share before the
+first candidate's noise (``_Splitter.replan``): every candidate runs with it, and the run spends
+the epsilon asked for.
 
 After the selection, train's private quality check (``beam_dp.quality``) runs once on the
 chosen model over the training rows (``_check_chosen``; ``quality_check`` "off" skips it): one
@@ -355,6 +358,8 @@ class _Splitter:
         self.plan, self.seed, self.ledger, self.state = plan_, seed, ledger, state
         self.scale_features = scale_features
         self.announce = lambda: None   # the run's opening message, said on the first read
+        # () -> the plan without the ranges' share, for when they release nothing (tune's)
+        self.replan = None
 
     def __call__(self, problem, aggregator):
         from beam_dp import column_scaling
@@ -382,8 +387,19 @@ class _Splitter:
                 held = held if held is not None else self.validation(problem)
                 self._release_sizes(sum(len(b) for b in train), sum(len(b) for b in held))
                 self.state.held = held
+            ratio = 1.0
             if self.scale_features != "none":
+                released = self.ledger.event()
                 self._release_scaling(problem, train)
+                if (self.ledger.event() == released and self.plan.scale_epsilon
+                        and self.replan is not None):
+                    # Nothing released (decided from public values and the released count):
+                    # this first candidate, whose multiplier came from the old plan, and the
+                    # others run with the plan calibrated without the ranges' share.
+                    old, self.plan = self.plan, self.replan()
+                    ratio = self.plan.sigma_train / old.sigma_train
+            problem = dataclasses.replace(problem, privacy=dataclasses.replace(
+                problem.privacy, noise_multiplier=problem.privacy.noise_multiplier * ratio))
         n = max(1, int(round(self.state.train_size)))
         privacy = dataclasses.replace(problem.privacy, num_examples=n)
         if self.state.bounds is not None:
@@ -563,6 +579,12 @@ def tune(X=None, y=None, *, input=None, validation=None, algorithm: str = "dpgd"
             raise data.DataError("no validation files given")
         validation_reader = _validation_reader(files, fixed.get("batch_rows", data.DEFAULT_BATCH_ROWS))
     splitter = _Splitter(split_key, holdout, None, the_plan, root, ledger, state, scale_features)
+    # Where the ranges turn out to release nothing (no numeric column to scale, or a count too
+    # small for them), their share goes back to the candidates: the plan is calibrated again
+    # without it, the count's share kept (released already), before the first candidate's noise.
+    splitter.replan = lambda: plan(epsilon, delta, mean_candidates, shape, score_share,
+                                   the_plan.count_epsilon, 0.0,
+                                   check.noise_multiplier if check is not None else 0.0)
     splitter.validation = validation_reader
     say = progress or (lambda message: None)
     k = draw_candidates(mechanisms.secure_generator(root, _STREAM, _K), mean_candidates, shape)
@@ -576,7 +598,7 @@ def tune(X=None, y=None, *, input=None, validation=None, algorithm: str = "dpgd"
         setting = settings[draw_setting(picker, law)]
         try:
             candidate, steps = _train_candidate(api, X, y, input, algorithm, model, delta,
-                                                the_plan, setting, options, fixed, splitter,
+                                                setting, options, fixed, splitter,
                                                 mechanisms.stream_key(root, _STREAM, _TRAIN, i)
                                                 % (1 << 128))
         except quality.ModelQualityError:
@@ -586,10 +608,11 @@ def tune(X=None, y=None, *, input=None, validation=None, algorithm: str = "dpgd"
             # selection's accounting.
             candidate, steps = None, None
         noisy = -math.inf if candidate is None else _noisy_score(
-            candidate, state, loss, score, bound, the_plan,
+            candidate, state, loss, score, bound, splitter.plan,
             mechanisms.secure_generator(root, _STREAM, _SCORE, i))
         if best is None or noisy > best[0]:
             best = (noisy, setting, candidate, steps)
+    the_plan = splitter.plan   # (calibrated again if the ranges released nothing)
     # The releases: the counts (recorded by the splitter) and the selection.
     ledger.record("repeat_and_select_best_candidate", the_plan.selection_event(),
                   mean_candidates=the_plan.mean, shape=the_plan.shape,
@@ -711,8 +734,8 @@ def _refuse_user_level(fixed: dict) -> None:
                          "and are scored per row; use beam-dp train")
 
 
-def _train_candidate(api, X, y, input, algorithm, model, delta, the_plan: Plan, setting, options,
-                     fixed, splitter, seed):
+def _train_candidate(api, X, y, input, algorithm, model, delta, setting, options, fixed,
+                     splitter, seed):
     chosen = registry.get(algorithm)
     merged = {**options, **setting}
     steps = merged.get("steps") or merged.get("max_steps") or \
@@ -731,7 +754,7 @@ def _train_candidate(api, X, y, input, algorithm, model, delta, the_plan: Plan, 
         setting_steps = {}
     # T steps of multiplier sigma sqrt(T) compose to one Gaussian of multiplier sigma; the tiny
     # excess keeps rounding in sqrt from ever putting the composition below sigma_train.
-    multiplier = the_plan.sigma_train * math.sqrt(steps) * (1.0 + 1e-9)
+    multiplier = splitter.plan.sigma_train * math.sqrt(steps) * (1.0 + 1e-9)
     rest = {k: v for k, v in fixed.items() if k not in setting}   # (fixed options included)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -743,7 +766,7 @@ def _train_candidate(api, X, y, input, algorithm, model, delta, the_plan: Plan, 
                               **setting_steps, **rest, **setting)
     # The candidate must have released no more than the plan's training event.
     spent = _rdp(_candidate_ledger_event(candidate))
-    planned = _rdp(events.GaussianDpEvent(the_plan.sigma_train))
+    planned = _rdp(events.GaussianDpEvent(splitter.plan.sigma_train))   # (the plan it ran with)
     if not np.all(spent <= planned):
         raise ValueError(f"a candidate ({setting}) released more than the tuning plan accounts "
                            "for; this setting cannot be tuned")

@@ -463,11 +463,11 @@ def test_a_diverged_candidate_scores_lowest_and_never_stops_the_loop(monkeypatch
     original = tuning._train_candidate
     tried = []
 
-    def diverging(api, X, y, input, algorithm, model, delta, the_plan, setting, *rest):
+    def diverging(api, X, y, input, algorithm, model, delta, setting, *rest):
         tried.append(setting["learning_rate"])
         if setting["learning_rate"] == 0.5:
             raise ModelQualityError("the model's coefficients are not finite")
-        return original(api, X, y, input, algorithm, model, delta, the_plan, setting, *rest)
+        return original(api, X, y, input, algorithm, model, delta, setting, *rest)
 
     monkeypatch.setattr(tuning, "_train_candidate", diverging)
     # (seed 5 draws K = 2: the diverging setting first, then the default)
@@ -499,3 +499,30 @@ def test_user_level_privacy_is_refused_not_dropped(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "user-level" in err and "tuning dpgd" not in err, err
     assert not out.exists()
+
+
+def test_ranges_that_release_nothing_give_their_share_back_to_the_candidates(monkeypatch):
+    """In-memory arrays at 2,000 rows: --scale-features auto releases no ranges (too few rows
+    for them, decided from the released count), so the plan is calibrated again without their
+    tenth of epsilon: the report's epsilon is the one asked for (0.8999 of 1 before), and every
+    candidate, the first included, ran with the recalibrated noise."""
+    X, y = _data(n=2000)
+    multipliers = []
+    original = tuning._train_candidate
+
+    def recording(*args, **kwargs):
+        candidate, steps = original(*args, **kwargs)
+        multipliers.append(candidate.privacy_report["noise_multiplier"] / math.sqrt(steps))
+        return candidate, steps
+
+    monkeypatch.setattr(tuning, "_train_candidate", recording)
+    with warnings_module.catch_warnings():
+        warnings_module.simplefilter("ignore")
+        model = beam_dp.tune(X, y, epsilon=1.0, seed=3, grid={"steps": (5, 10)},
+                             mean_candidates=3)
+    report = model.privacy_report
+    assert report["epsilon"] <= 1.0 and report["epsilon"] == pytest.approx(1.0, abs=0.005)
+    assert not any("scale" in m["name"] or "quantile" in m["name"] for m in report["mechanisms"])
+    selection = report["mechanisms"][-1]
+    assert multipliers and all(m == pytest.approx(selection["training_noise_multiplier"], rel=1e-6)
+                               for m in multipliers)
