@@ -175,6 +175,14 @@ def compose_with_inputs(privacy_report: dict, vocabulary) -> None:
             "privacy": "no privacy_report.json beside it: treated as public input"}]
         return
     released = read_json(beside)
+    from beam_dp.vocabulary_release import VOCABULARY_RELEASE
+    if [m.get("name") for m in released.get("mechanisms", [])] != [VOCABULARY_RELEASE]:
+        # (a file put beside another release's report, a model's say: not its privacy)
+        privacy_report["inputs_released"] = [{
+            "path": vocabulary, "kind": "vocabulary",
+            "privacy": "the privacy_report.json beside it is not a vocabulary release's: "
+                       "treated as public input, not composed"}]
+        return
     entry = {"path": vocabulary, "kind": "vocabulary", "release_id": released.get("release_id"),
              "epsilon": released["epsilon"], "delta": released["delta"],
              "neighbouring": released["neighbouring"]}

@@ -126,6 +126,16 @@ def test_a_model_trained_on_a_released_vocabulary_reports_the_composed_epsilon(c
     model2 = json.loads((tmp_path / "model2" / "privacy_report.json").read_text())
     assert "public input" in model2["inputs_released"][0]["privacy"]
     assert "composed" not in model2
+    # ... and so is one put beside another release's report (a model's): never composed with it
+    beside_model = tmp_path / "model2" / "vocabulary.json"
+    beside_model.write_text(hand.read_text())
+    run = cli("train", "--input", clicks, "--output", tmp_path / "model3", "--runner", "local",
+              "--epsilon", 1, "--categorical-columns", "user,item,site", "--vocabulary",
+              beside_model, "--steps", 5, "--seed", 5)
+    assert run.code == 0, run.err
+    model3 = json.loads((tmp_path / "model3" / "privacy_report.json").read_text())
+    assert "not a vocabulary release's" in model3["inputs_released"][0]["privacy"]
+    assert "composed" not in model3
 
 
 def test_an_epsilon_delta_release_is_a_pure_dp_one_with_its_delta_off_the_budget(tmp_path):
