@@ -203,14 +203,13 @@ def release_vocabulary(input: Sequence[str], output: str, *, categorical_columns
 
 def _admit_whole_release(ledger: accounting.Ledger, gate: Callable | None,
                          record: Callable[[accounting.Ledger], None]) -> None:
-    """``record(ledger)``, the whole release admitted first by ``gate`` (the budget across runs)
-    as one reservation: everything these commands release is known before they read data."""
-    if gate is not None:
-        planned = accounting.Ledger(ledger.accountant, ledger.neighbouring)
-        record(planned)
-        ledger.gate = gate
-        ledger.admit(planned.event(), whole_run=True)
+    """``record(ledger)``, then the whole of it admitted by ``gate`` (the budget across runs) as
+    one reservation, before any data is read: everything these commands release is known by
+    then, and recording releases nothing."""
     record(ledger)
+    if gate is not None:
+        ledger.gate = gate
+        ledger.admit(ledger.event(), whole_run=True)
 
 
 def _write(directory: str, contents: dict, before_write: Callable[[dict], None]) -> None:

@@ -162,7 +162,7 @@ def stats(args, beam_args: list[str]) -> int:
                   accountant=args.accountant, num_examples=args.num_examples, noise=args.noise,
                   seed=args.seed)
 
-    def frequencies(gate, before_write) -> int:
+    def frequencies(release, gate, before_write) -> int:
         mechanism = args.sparse_mechanism or "gaussian"
         summary, encoding = dataset_releases.release_frequencies(
             args.input, args.output, categorical_columns=args.categorical_columns,
@@ -176,7 +176,7 @@ def stats(args, beam_args: list[str]) -> int:
               + f"; wrote {args.output}")
         return 0
 
-    def summary(gate, before_write) -> int:
+    def summary(release, gate, before_write) -> int:
         summary, columns_released = dataset_releases.release_summary(
             args.input, args.output, quantiles=args.quantiles, value_bound=args.value_bound,
             label_column=args.label_column, feature_columns=args.feature_columns, gate=gate,
@@ -197,11 +197,11 @@ def vocabulary(args) -> int:
 
     files = sorted({f for pattern in args.input for f in data.list_files(pattern)})
 
-    def release(gate, before_write) -> int:
+    def release(release_id, gate, before_write) -> int:
         released, privacy = dataset_releases.release_vocabulary(
             args.input, args.output, categorical_columns=args.categorical_columns,
             epsilon=args.epsilon, delta=args.delta, batch_rows=args.batch_rows,
-            overwrite=args.overwrite, seed=args.seed, gate=gate, release_id=args._release_id,
+            overwrite=args.overwrite, seed=args.seed, gate=gate, release_id=release_id,
             before_write=before_write)
         sizes = ", ".join(f"{c}: {len(v)}" for c, v in released)
         print(f"released a vocabulary ({sizes} values): epsilon={privacy['epsilon']:.4g}, "

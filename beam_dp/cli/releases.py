@@ -14,10 +14,10 @@ from beam_dp.cli.exit_codes import EXIT_REFUSED
 from beam_dp.cli.interrupts import stop_if_interrupted
 from beam_dp.cli.parsing import key_values
 
-# produce(gate, before_write) -> exit code: makes the release, its accounting ledger built with
-# ``gate`` (None without --ledger), and calls ``before_write(files)`` (file name -> text) before
-# writing a byte of the output.
-Produce = Callable[[object, Callable[[dict], None]], int]
+# produce(release, gate, before_write) -> exit code: makes the release (``release``: its id, for
+# its report), its accounting ledger built with ``gate`` (None without --ledger), and calls
+# ``before_write(files)`` (file name -> text) before writing a byte of the output.
+Produce = Callable[[str, object, Callable[[dict], None]], int]
 
 
 def run(args, relation: str, input_files: list[str], produce: Produce,
@@ -30,15 +30,14 @@ def run(args, relation: str, input_files: list[str], produce: Produce,
     charged_run.check_request(args.ledger, args.dataset_id, args.partition)
     chosen = argparse.Namespace(relation=relation)
     release = train.release_id(args, chosen, input_files, list(validation_files))
-    args._release_id = release   # (for the release's own report)
     if args.ledger is None:
-        return produce(None, lambda files: stop_if_interrupted())
+        return produce(release, None, lambda files: stop_if_interrupted())
 
     def charged(ledger, gate) -> int:
         def commit_then_write(files: dict) -> None:
             stop_if_interrupted()
             ledger.commit(release, {"files": files})   # a rerun writes these, byte for byte
-        return produce(gate, commit_then_write)
+        return produce(release, gate, commit_then_write)
 
     def write_released(output) -> int:
         if output is None:

@@ -92,7 +92,7 @@ def run(args) -> int:
     options = {f.name: getattr(args, f.name) for f in dataclasses.fields(chosen.options)
                if hasattr(args, f.name)}
 
-    def tune_and_write(gate, before_write) -> int:
+    def tune_and_write(release, gate, before_write) -> int:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model = beam_dp.tune(
@@ -117,7 +117,7 @@ def run(args) -> int:
                 **options)
         for warning in model.privacy_report.get("warnings", []):   # (the quality check's)
             print(f"beam-dp: warning: {warning}", file=sys.stderr)
-        model.privacy_report["release_id"] = args._release_id
+        model.privacy_report["release_id"] = release
         files = {"model.json": report.json_text(model.artifact),
                  "privacy_report.json": report.json_text(model.privacy_report),
                  "tuning.json": report.json_text(model.tuning)}
