@@ -214,7 +214,34 @@ def audit_from_scores(scores, included, delta: float, confidence: float = 0.95,
 # --------------------------------------------------------------------------------------------
 # The audit run: white-box canaries in a copy of a training configuration
 
-DEFAULT_CANARIES = 1000
+DEFAULT_CANARIES = 1000   # with --noise-multiplier (no claimed epsilon to size them by)
+# The canary counts ``default_canaries`` chooses from, and how far above the claimed epsilon the
+# most an audit could show (``ceiling``: every guess right) must reach. At delta 1e-5 the ceiling
+# is 5.3 with 1,000 canaries, 6.2 with 3,000, 6.4 with 5,000 and no higher after (the m delta term
+# takes over): 1,000 canaries missed a tenth of dpsgd's noise at epsilon 4 on a 20,000-row table
+# in 6 runs of 7 (docs/auditing.md: pipelines/bench_audit_canaries.py).
+CANARY_COUNTS = (1000, 2000, 3000, 5000)
+CEILING_OVER_CLAIM = 1.5
+
+
+def ceiling(m: int, delta: float = 1e-5, confidence: float = 0.95) -> float:
+    """The largest lower bound an audit with m canaries can report: every guess right at each
+    count of the grid (``default_guesses``), at its per-guess-count confidence."""
+    grid = default_guesses(m)
+    per_test = 1.0 - (1.0 - confidence) / len(grid)
+    return max(epsilon_lower_bound(m, r, r, delta, per_test) for r in grid)
+
+
+def default_canaries(epsilon: float | None, delta: float = 1e-5,
+                     confidence: float = 0.95) -> int:
+    """The canary count for a claimed epsilon: the smallest of CANARY_COUNTS whose ``ceiling``
+    reaches CEILING_OVER_CLAIM times the claim, else the one with the highest ceiling (public
+    inputs only)."""
+    if epsilon is None:
+        return DEFAULT_CANARIES
+    ceilings = {m: ceiling(m, delta, confidence) for m in CANARY_COUNTS}
+    enough = [m for m in CANARY_COUNTS if ceilings[m] >= CEILING_OVER_CLAIM * epsilon]
+    return enough[0] if enough else max(CANARY_COUNTS, key=ceilings.get)
 # The audit's own randomness (inclusion bits, canaries' sampling and blocks): a stream of the
 # root seed that no training stream uses.
 _STREAM_AUDIT = 50
@@ -337,7 +364,7 @@ class _CanaryAggregator:
         self.inner.close()
 
 
-def run(X=None, y=None, *, input=None, canaries: int = DEFAULT_CANARIES,
+def run(X=None, y=None, *, input=None, canaries: int | None = None,
         confidence: float = 0.95, algorithm: str = "dpgd", model: str = "logistic",
         epsilon: float | None = None, delta: float = 1e-5, noise_multiplier: float | None = None,
         accountant: str = "pld", num_examples: int | None = None,
@@ -360,6 +387,8 @@ def run(X=None, y=None, *, input=None, canaries: int = DEFAULT_CANARIES,
     Its output is a function of a training run on the data: it is a release like any model,
     and spends the run's epsilon where the data is private.
     """
+    if canaries is None:   # sized by the claim (``default_canaries``)
+        canaries = default_canaries(epsilon, delta, confidence)
     canaries = _check_count("canaries", canaries)
     if canaries < 2:
         raise ValueError(f"canaries must be at least 2, got {canaries}")

@@ -34,14 +34,37 @@ _SCALE_STREAM = 12
 
 
 # --scale-features auto maps a privately ranged column only when the range is off the unit scale:
-# a half-width outside [1/4, 4], or a middle more than 4 half-widths from 0 (past the reach).
+# a half-width outside [1/4, 4], or a middle more than one half-width from 0 (a range that does
+# not reach 0: a shift the intercept would otherwise have to learn against the column). 0/1 and
+# small-count columns ([0, k]: middle = half-width) and standardized ones stay as given. The
+# middle's rule was 4 half-widths: ggplot2 diamonds' x, y and z (mm, 2nd-98th percentiles about
+# [4.5, 7.8]) stayed raw, and with its schema alone the regression was much worse than the
+# constant on 2 seeds of 3 (docs/benchmarks/real-tables.md).
 UNIT_SCALE = (0.25, 4.0)
+UNIT_SHIFT = 1.0
 
 
 def off_unit_scale(low: np.ndarray, high: np.ndarray) -> np.ndarray:
     """Columns whose (released) range [low, high] is far from the unit scale (see UNIT_SCALE)."""
     half, mid = (high - low) / 2.0, (high + low) / 2.0
-    return (half < UNIT_SCALE[0]) | (half > UNIT_SCALE[1]) | (np.abs(mid) > UNIT_SCALE[1] * half)
+    return (half < UNIT_SCALE[0]) | (half > UNIT_SCALE[1]) | (np.abs(mid) > UNIT_SHIFT * half)
+
+
+def widen_collapsed(low: np.ndarray, high: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Released ranges whose two quantiles fell on the same grid point away from 0 (a column
+    whose 2nd-98th percentiles lie within one 10% cell: diamonds' depth, 58-65 percent, released
+    as [65.5, 65.5]) widened to that cell, from the grid point before toward 0: the column is
+    then centred and scaled by the cell's width instead of entering as given (at ~62 next to the
+    intercept's 1). A range collapsed at 0 (a 0/1 column with under 2% ones) stays collapsed
+    (left as given: mapping it would erase its rare values)."""
+    grid = stats.symmetric_log_grid(SCALE_GRID_BOUND, SCALE_GRID_SIZE, 1e12)[0]
+    collapsed = (high <= low) & (low != 0)
+    position = np.searchsorted(grid, low)
+    toward_zero = np.where(low > 0, grid[np.maximum(position - 1, 0)],
+                           grid[np.minimum(position + 1, grid.size - 1)])
+    low, high = (np.where(collapsed & (low > 0), toward_zero, low),
+                 np.where(collapsed & (low < 0), toward_zero, high))
+    return low, high
 
 
 def prepare(options, problem: Problem, aggregator, seed: int, ledger, also=()):
@@ -160,6 +183,13 @@ def prepare(options, problem: Problem, aggregator, seed: int, ledger, also=()):
             error = stage.margin
             if choice == "auto" and error > AUTO_SCALE_RANK_ERROR * n:
                 # Decided from the released count and public constants: nothing is spent.
+                if label_scaled:
+                    # A regression on raw units is not trained by accident: its label's scale
+                    # sets the steps and the clip norm's meaning (MASS Boston, 404 rows, schema
+                    # alone: RMSE 10.9-17.0 against the constant's 8.6, OLS 4.3; no private
+                    # range is usable there: docs/benchmarks/real-tables.md).
+                    raise ValueError(_unranged_refusal(problem, private_columns, private_label,
+                                                       error, per_release))
                 out = {**out, "column_bounds": None, "scaling_skipped": (
                     f"--scale-features auto: the quantiles' rank error bound ({error:.0f} rows at "
                     f"probability {1 - SCALE_MARGIN_FAILURE:g}, "
@@ -203,8 +233,10 @@ def prepare(options, problem: Problem, aggregator, seed: int, ledger, also=()):
             return out
         bounds = state["column_bounds"]
         # Quantiles released independently may cross (both inside one grid cell, or a column
-        # with almost all rows equal): the range is then their span.
-        low, high = np.minimum(bounds[:, 0], bounds[:, 1]), np.maximum(bounds[:, 0], bounds[:, 1])
+        # with almost all rows equal): the range is then their span, and a span of one grid
+        # point away from 0 that point's cell (post-processing of public values).
+        low, high = widen_collapsed(np.minimum(bounds[:, 0], bounds[:, 1]),
+                                    np.maximum(bounds[:, 0], bounds[:, 1]))
         k = len(private_columns)
         return {**out, "column_bounds": {
             "columns": list(private_columns), "low": low[:k].tolist(), "high": high[:k].tolist(),
@@ -263,6 +295,83 @@ def prepare(options, problem: Problem, aggregator, seed: int, ledger, also=()):
                                      fill=None if fill is None else tuple(fill.tolist()))
 
     return preprocess, make_transform
+
+
+def column_names(problem: Problem, d: int) -> list[str]:
+    """The names of the first ``d`` model columns (the encoding's dense columns, else the feature
+    columns as read): public, from the schema and the files' headers."""
+    spec = problem.source.get("encoding")
+    names = (Encoding.from_spec(spec).dense_names if spec
+             else list(problem.source.get("feature_columns") or []))
+    return [names[j] if j < len(names) else f"column {j}" for j in range(d)]
+
+
+def _listed(names: list[str], most: int = 12) -> str:
+    shown = ", ".join(repr(c) for c in names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def _unranged_refusal(problem: Problem, columns: tuple, label: bool, error: float,
+                      per_release: float) -> str:
+    """The message of a regression stopped before training: which columns (and the label) have
+    neither a declared range nor a usable private one at this n (public values only)."""
+    d = max(columns, default=-1) + 1
+    names = column_names(problem, d)
+    unranged = _listed([names[j] for j in columns], most=50)
+    if label:
+        label_name = repr(problem.source.get("label_column", "label"))
+        unranged = (f"{unranged} and of the label {label_name}" if columns
+                    else f"the label {label_name}")
+    return (f"--scale-features auto: at this n the private ranges' rank error ({error:.0f} rows "
+            f"at probability {1 - SCALE_MARGIN_FAILURE:g}, {per_release:.3g} epsilon each) is "
+            f"above {AUTO_SCALE_RANK_ERROR:.0%} of the rows, so a regression would train on raw "
+            f"units: declare the ranges of {unranged} (the schema's bounds: what each "
+            "column can hold, from its documentation), or pass --scale-features none "
+            "(scale_features='none') to train on them as given. Nothing was trained")
+
+
+def describe(problem: Problem, applied, preprocessing: dict, choice: str) -> list[str]:
+    """What column scaling did, by column name, one line per kind (public: names, and whether
+    each range was declared or released): for stderr and the top of report.html."""
+    d = len(applied.low) if isinstance(applied, features.ScaleColumns) else (
+        Encoding.from_spec(problem.source["encoding"]).first_categorical
+        if problem.sparse else problem.dim)
+    names = column_names(problem, d)
+    declared = {int(c[0]) for c in (preprocessing.get("declared_bounds") or {}).get("columns", [])}
+    released = set((preprocessing.get("column_bounds") or {}).get("columns", []))
+    mapped = (np.zeros(d, dtype=bool) if not isinstance(applied, features.ScaleColumns)
+              else ~np.isnan(np.asarray(applied.low, dtype=np.float64)))
+    groups = {"declared": [], "private": [], "given": []}
+    for j, name in enumerate(names):
+        groups["declared" if mapped[j] and j in declared else
+               "private" if mapped[j] else "given"].append(name)
+    lines = []
+    if groups["declared"]:
+        lines.append(f"mapped onto [-1, 1] by their declared ranges: {_listed(groups['declared'])}")
+    if groups["private"]:
+        lines.append("mapped onto [-1, 1] by private 2nd-98th percentile ranges: "
+                     f"{_listed(groups['private'])}")
+    if groups["given"]:
+        if preprocessing.get("scaling_skipped"):
+            why = "n is too small for private ranges"
+        elif released:
+            why = "their private ranges show them on the unit scale, or hold one point"
+        elif choice == "auto":   # (prepare's rules: nothing private for this run)
+            why = ("no private ranges with --privacy-unit-column, --warm-start or "
+                   "--noise-multiplier without --scale-epsilon")
+        else:
+            why = f"--scale-features {choice}"
+        lines.append(f"used as given ({why}): {_listed(groups['given'])}")
+    if problem.loss.name == "linear":
+        label = problem.source.get("label_column", "label")
+        if isinstance(applied, features.ScaleColumns) and applied.label_low is not None:
+            how = ("its declared range" if (problem.source.get("bounds") or {}).get("label")
+                   is not None else "a private 2nd-98th percentile range")
+            lines.append(f"the label {label!r} scaled by {how} during training (the "
+                         "coefficients are in its units)")
+        else:
+            lines.append(f"the label {label!r} used as given")
+    return lines
 
 
 _IMPUTE_STREAM = 13

@@ -229,7 +229,7 @@ def released_statistics(model: dict, privacy: dict) -> list[dict]:
         return panels
     names = coefficient_names(model)
     n = float(size["value"]) if isinstance(size, dict) and isinstance(size.get("value"), (int, float)) else None
-    shown = set()
+    shown = {"scaling"}   # (at the top of the page)
     counts = pre.get("column_counts")
     if isinstance(counts, dict) and "counts" in counts:
         shown.add("column_counts")
@@ -464,6 +464,10 @@ def _build(model: dict, privacy: dict, metrics: dict | None) -> str:
              f"<div class='headline'>(epsilon = {_e(f'{epsilon:.4g}')}, delta = "
              f"{_e(f'{delta:g}')})-differential privacy, {_e(relation)} neighbouring</div>"]
 
+    scaling = (privacy.get("preprocessing") or {}).get("scaling")
+    if scaling:   # what the model's columns were, before anything else is read into it
+        parts.append("<div class='note'><b>Column scaling</b><ul>"
+                     + "".join(f"<li>{_e(line)}</li>" for line in scaling) + "</ul></div>")
     summary = [
         ("algorithm", _e(privacy.get("algorithm", model.get("algorithm")))),
     ]

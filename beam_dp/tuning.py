@@ -100,7 +100,7 @@ from beam_dp import accounting, data, features, losses, mechanisms, report
 from beam_dp.algorithms import ignored_options, registry, spec
 from beam_dp.block import Block
 from beam_dp.tuning_plan import (DEFAULT_MEAN_CANDIDATES, DEFAULT_SCORE_SHARE, DEFAULT_SHAPE,
-                                 Plan, draw_candidates, plan)
+                                 NO_SCORE_BOUND, Plan, draw_candidates, label_score_bound, plan)
 
 # Stream ids under the root seed (``mechanisms.secure_generator``): "tune" and a sub-stream.
 _STREAM = 0x74756E65
@@ -325,10 +325,8 @@ def score_bound(loss: losses.GlmLoss, kind: str, bound: float | None) -> float |
                              "with --score-bound")
         return None
     if bound is None:
-        if not loss.is_classifier:
-            raise ValueError("a regression's score needs --score-bound: the absolute error (in "
-                             "label units, public) at which a scored row scores 0")
-        return CLASSIFIER_SCORE_BOUND
+        # a regression's: from its label's range (``label_score_bound``), once it is known
+        return CLASSIFIER_SCORE_BOUND if loss.is_classifier else None
     if not (bound > 0 and math.isfinite(bound)):
         raise ValueError("--score-bound must be a positive number")
     return float(bound)
@@ -545,6 +543,9 @@ def tune(X=None, y=None, *, input=None, validation=None, algorithm: str = "dpgd"
         imputed=api._imputed_policies(table.get("missing"))))
     loss = losses.make_loss(model, fixed.get("num_classes"), fixed.get("huber_delta"))
     bound = score_bound(loss, score, score_bound_)
+    if bound is None and scale_features == "none" and (
+            table.get("label_column", "label") not in (table.get("bounds") or {})):
+        raise ValueError(NO_SCORE_BOUND)   # (no label range will be known: before any read)
     if scale_features != "none" and "feature_norm" in grid:
         raise ValueError("--grid feature_norm and --scale-features: choose one")
     quality_options = spec.make_options(quality.QualityOptions, dict(
@@ -607,6 +608,10 @@ def tune(X=None, y=None, *, input=None, validation=None, algorithm: str = "dpgd"
             # candidate that is never released (and that this many ran), outside the
             # selection's accounting.
             candidate, steps = None, None
+        if bound is None:   # a regression's, from the label range released or declared
+            bound = label_score_bound(state.scaling)
+            if bound is None:
+                raise ValueError(NO_SCORE_BOUND)
         noisy = -math.inf if candidate is None else _noisy_score(
             candidate, state, loss, score, bound, splitter.plan,
             mechanisms.secure_generator(root, _STREAM, _SCORE, i))

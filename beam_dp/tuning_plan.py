@@ -14,6 +14,7 @@ from dp_accounting import dp_event as events
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 
 from beam_dp import accounting
+from beam_dp.dataset_size import COUNT_SHARE
 
 # The number of candidates: logarithmic (shape 0) of mean 3. Each candidate's Gaussian multiplier
 # (training and score together) by dp_accounting's RDP accountant at (1, 1e-5), against 4.05 for
@@ -31,7 +32,28 @@ from beam_dp import accounting
 DEFAULT_MEAN_CANDIDATES = 3.0
 DEFAULT_SHAPE = 0.0
 DEFAULT_SCORE_SHARE = 0.1      # of the candidate's 1 / sigma^2
-DEFAULT_COUNT_SHARE = 0.01     # of epsilon, as train's private count
+DEFAULT_COUNT_SHARE = COUNT_SHARE   # of epsilon: train's private count's
+
+
+# ------------------------------------------------------------------- a regression's score bound
+
+NO_SCORE_BOUND = ("a regression's score needs --score-bound (the absolute error, in label units, "
+                  "at which a scored row scores 0), or a range of its label to take it from: "
+                  "declared (the schema's bounds) or released (--scale-features auto or private)")
+
+
+def label_score_bound(scaling: dict | None) -> float | None:
+    """A regression's default score bound: half the width of its label's range, declared or
+    privately released by the ranges' pass (public either way, and released before any candidate
+    trains): an error of half the label's spread scores 0, as a useless model's would. Its 2nd-
+    98th percentile range when released, which on MASS Boston is about [10, 50]: 20 ($1000s),
+    against the 10 chosen by hand before."""
+    scaling = scaling or {}
+    label = ((scaling.get("declared_bounds") or {}).get("label")
+             or (scaling.get("column_bounds") or {}).get("label"))
+    if label is None or not label[1] > label[0]:
+        return None
+    return (float(label[1]) - float(label[0])) / 2.0
 
 
 # ------------------------------------------------------------------- the number of candidates

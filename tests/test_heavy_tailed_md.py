@@ -251,7 +251,7 @@ def test_it_beats_clipped_dpsgd_on_student_t_labels():
         for c in clips:
             sgd[c].append(test_loss(beam_dp.train(x[:n], y[:n], algorithm="dpsgd", model="linear",
                                                   epsilon=1.0, num_examples=n, seed=seed,
-                                                  clip_norm=c)))
+                                                  clip_norm=c, scale_features="none")))
     best = min(clips, key=lambda c: np.mean(sgd[c]))
     differences = np.array(sgd[best]) - np.array(md)
     assert differences.mean() > 2 * differences.std(ddof=1) / math.sqrt(len(differences)), (

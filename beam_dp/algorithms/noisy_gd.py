@@ -76,7 +76,7 @@ class NoisyGDConfig:
     # "secure": integer noise on exact integer sums; "float" (or None): numpy's float noise.
     noise: str | None = None
     num_examples: int | None = None    # public dataset size; otherwise a Laplace count
-    count_epsilon: float | None = None  # budget of that count (default 1% of epsilon, or 0.01)
+    count_epsilon: float | None = None  # budget of that count (default 5% of epsilon, or 0.01)
     average_iterates: bool | None = None  # default: on for dpgd, off for dpsgd
     fit_intercept: bool = True
     steps_per_chunk: int | None = None   # steps per job (full batch); None: the aggregator's choice
@@ -425,10 +425,9 @@ def _plan(config: NoisyGDConfig, dataset_size: dict, ledger: accounting.Ledger, 
 
 _CLIP = option(1.0, "per-example gradient clip norm C",
                low=0, low_open=True)
-_SCALE = option("auto", "numeric columns without declared bounds (those are applied "
-                        "free): 'private' maps each onto [-1, 1] by private quantiles "
-                        "(--scale-epsilon), 'auto' where those are accurate, 'none' "
-                        "leaves them",
+_SCALE = option("auto", "columns without declared bounds: 'private' maps them onto "
+                        "[-1, 1] by private quantiles; 'auto' where accurate, else a "
+                        "regression stops naming them; 'none' leaves them",
                 choices=("none", "private", "auto"))
 _SCALE_EPSILON = option(None, "budget of --scale-features' quantiles; default epsilon /"
                               " 10", low=0, low_open=True)
@@ -567,6 +566,7 @@ def _train_noisy(name: str, options, problem: Problem, aggregator, seed: int, le
     preprocess = make_step_scale = None
     make_transform = (lambda pre: normalize) if normalize else None
     counts = ()
+    scaled = False
     if preconditioning.preconditioned(options, problem):
         preprocess, make_step_scale, counted = preconditioning.column_counts(
             options, problem, aggregator, seed, ledger)
@@ -579,6 +579,7 @@ def _train_noisy(name: str, options, problem: Problem, aggregator, seed: int, le
         scaling = column_scaling.prepare(options, problem, aggregator, seed, ledger, also=counts)
         if scaling[0] is not None:
             preprocess, make_transform = scaling
+            scaled = True
     initial_theta = problem.initial_theta
     if initial_theta is not None and make_transform is not None and preprocess is not None:
         # (a warm start's ranges are all declared: the map is known before any release)
@@ -599,6 +600,10 @@ def _train_noisy(name: str, options, problem: Problem, aggregator, seed: int, le
     if isinstance(applied, features.ScaleColumns) and applied.label_low is not None:
         theta = applied.unscale_label(result.theta)
         preprocessing = {**preprocessing, "label_range": applied.label_range()}
+    if not options.feature_norm and (scaled or getattr(options, "scale_features", "none") != "none"):
+        # by column name, for stderr and the top of report.html
+        preprocessing = {**preprocessing, "scaling": column_scaling.describe(
+            problem, applied, preprocessing, getattr(options, "scale_features", "none"))}
     return dataclasses.replace(result, theta=theta, preprocessing=preprocessing,
                                feature_transform=features.spec(applied))
 

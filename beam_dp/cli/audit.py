@@ -29,9 +29,10 @@ def add_parser(sub, argv, algorithms):
     run_arguments.add_run_arguments(audit, audit=True)
     run_arguments.add_ledger_arguments(audit)
     canary = audit.add_argument_group("audit")
-    canary.add_argument("--canaries", type=positive_int, default=1000, metavar="M",
+    canary.add_argument("--canaries", type=positive_int, default=None, metavar="M",
                         help="canaries, each on a zero feature column of its own; more allow a "
-                             "larger bound")
+                             "larger bound. Default: sized by --epsilon (1000 up to 3, more "
+                             "above)")
     canary.add_argument("--confidence", type=float, default=0.95,
                         help="confidence of the lower bound")
     run_arguments.add_algorithm_arguments(audit, argv, algorithms)

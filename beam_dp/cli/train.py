@@ -228,6 +228,8 @@ def _train_and_write(api, args, beam_args, options, validation_files, release, l
         return EXIT_MORE_JOBS
     for warning in model.privacy_report.get("warnings", []):
         print(f"beam-dp: warning: {warning}", file=sys.stderr)
+    for line in (model.privacy_report.get("preprocessing") or {}).get("scaling", []):
+        print(f"beam-dp: scaling: {line}", file=sys.stderr)   # (column names only)
     chose = model.privacy_report.get("algorithm_choice")
     if chose is not None:
         print(f"beam-dp: --algorithm auto chose {chose['chosen']}: {chose['reason']}",

@@ -57,8 +57,8 @@ def add_parser(sub, argv):
     group.add_argument("--score", choices=tuning.SCORES, default="loss",
                        help="per scored row: loss (1 - clipped loss / bound) or accuracy")
     group.add_argument("--score-bound", type=float, default=None, metavar="B",
-                       help="where the clipped loss stops: default 2 for classifiers; required "
-                            "for a regression (absolute error in label units)")
+                       help="where the clipped loss stops: default 2 for classifiers, half "
+                            "the label's declared or private range for a regression")
     group.add_argument("--score-share", type=float, default=tuning.DEFAULT_SCORE_SHARE,
                        metavar="SHARE", help="share of each candidate's budget spent on its score")
     run_arguments.add_quality_arguments(tune, "The chosen model")
