@@ -218,8 +218,8 @@ DEFAULT_CANARIES = 1000   # with --noise-multiplier (no claimed epsilon to size 
 # The canary counts ``default_canaries`` chooses from, and how far above the claimed epsilon the
 # most an audit could show (``ceiling``: every guess right) must reach. At delta 1e-5 the ceiling
 # is 5.3 with 1,000 canaries, 6.2 with 3,000, 6.4 with 5,000 and no higher after (the m delta term
-# takes over): 1,000 canaries missed a tenth of dpsgd's noise at epsilon 4 on a 20,000-row table
-# in 6 runs of 7 (docs/auditing.md: pipelines/bench_audit_canaries.py).
+# takes over): 1,000 canaries caught a tenth of dpsgd's noise at epsilon 4 on a 20,000-row table
+# in 1 run of 5, 3,000 in 5 of 5 (docs/auditing.md: pipelines/bench_audit_canaries.py).
 CANARY_COUNTS = (1000, 2000, 3000, 5000)
 CEILING_OVER_CLAIM = 1.5
 
@@ -242,6 +242,8 @@ def default_canaries(epsilon: float | None, delta: float = 1e-5,
     ceilings = {m: ceiling(m, delta, confidence) for m in CANARY_COUNTS}
     enough = [m for m in CANARY_COUNTS if ceilings[m] >= CEILING_OVER_CLAIM * epsilon]
     return enough[0] if enough else max(CANARY_COUNTS, key=ceilings.get)
+
+
 # The audit's own randomness (inclusion bits, canaries' sampling and blocks): a stream of the
 # root seed that no training stream uses.
 _STREAM_AUDIT = 50
