@@ -454,9 +454,9 @@ def _problem(request: _Request, checked: _Checked, read: _Input) -> spec.Problem
     if request.bounding is not None:   # public: the unit's column name and K
         source["privacy_unit"] = dataclasses.asdict(request.bounding)
     registry.check(checked.algorithm, problem)
-    chosen_relation = checked.algorithm.relation
     charged_as = getattr(request.budget_gate, "neighbouring", None)   # (a schema's unit, say)
-    run_as = accounting.USER_ADD_REMOVE if request.bounding is not None else chosen_relation
+    run_as = (accounting.USER_ADD_REMOVE if request.bounding is not None
+              else checked.algorithm.relation)
     if charged_as is not None and charged_as != run_as:
         raise ValueError(f"the budget ledger would charge this run as {charged_as!r}, but it "
                          f"runs as {run_as!r}: each unit of privacy has its own budget "

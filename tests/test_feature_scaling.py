@@ -157,3 +157,36 @@ def test_only_the_algorithms_that_scale_declare_the_option():
     assert declaring == {"dpgd", "dpsgd"}
     with pytest.raises(TypeError, match="unknown option"):
         spec.make_options(registry.get("dpsgd-f").options, {"scale_features": "private"})
+
+
+def test_a_range_on_one_grid_point_is_widened_to_its_cell_and_shifted_columns_are_mapped():
+    """Released quantiles on one grid point away from 0 (a column within one 10% cell) become
+    that cell, toward 0; one collapsed at 0 (a rare 0/1 column) stays a point. ``auto`` maps a
+    range that does not reach 0 (its middle past one half-width), not 0/1, [0, k] or
+    standardized ones."""
+    from beam_dp import column_scaling, stats
+    grid = stats.symmetric_log_grid(column_scaling.SCALE_GRID_BOUND,
+                                    column_scaling.SCALE_GRID_SIZE, 1e12)[0]
+    at = int(np.searchsorted(grid, 60.0))
+    point = np.array([grid[at], 0.0, -grid[at], 1.0])
+    low, high = column_scaling.widen_collapsed(point, np.array([grid[at], 0.0, -grid[at], 2.0]))
+    np.testing.assert_array_equal(low, [grid[at - 1], 0.0, -grid[at], 1.0])
+    np.testing.assert_array_equal(high, [grid[at], 0.0, -grid[at - 1], 2.0])
+    shifted = column_scaling.off_unit_scale(np.array([4.5, 0.0, 0.0, -2.0]),
+                                            np.array([7.8, 1.0, 3.0, 2.0]))
+    assert shifted.tolist() == [True, False, False, False]
+
+
+def test_a_column_within_one_grid_cell_trains_centred_on_the_default_path():
+    """ggplot2 diamonds' depth (58-65 percent) had both quantiles on one grid point, entered
+    raw at ~62 and the regression was refused as much worse than the constant: now it is mapped
+    from its cell and the model fits (schema alone, every default, a private count)."""
+    g = np.random.default_rng(4)
+    n = 6000
+    depth = 61.7 + 1.4 * g.standard_normal(n)
+    y = 3.0 * (depth - 61.7) + 0.5 * g.standard_normal(n)
+    model = _train(X=depth.reshape(-1, 1), y=y, model="linear", epsilon=1.0, seed=1)
+    scaling = model.privacy_report["preprocessing"]["scaling"]
+    assert scaling[0] == "mapped onto [-1, 1] by private 2nd-98th percentile ranges: 'x0'"
+    rmse = float(np.sqrt(np.mean((model.predict(depth.reshape(-1, 1)) - y) ** 2)))
+    assert rmse < 0.5 * float(np.std(y)), rmse
