@@ -4,17 +4,18 @@ SQLite metadata database, and `dag.test()` for each date, the task running the p
 `beam-dp` executable on that date's Parquet partition. Data, models and checkpoints are on a GCS
 server on this machine (tests/object_stores.py): every path of the DAG is a gs:// URL.
 
-Five daily partitions, each trained from the model of the date before (date 1 in two runs of
-the command: --max-jobs 2 makes it exit 75 after the count and the first two steps; dates 2-5 in
-one, the DAG's train_args param given in the run's conf). Then what a scheduler's operators do:
-one date's input uploaded again (same bytes, a new object generation), then all five dates
-cleared and backfilled in reverse order (dates 5 and 4 run again after the models they
-warm-started from; dates 3 to 1 before the dates that warm-started from them). Every one of
-those runs succeeds, charges nothing and writes each date's model again byte for byte (a model
-rewritten with the same bytes is the same release input). Re-running days in forward order is
-tests/test_budget_runs.py's (the CLI alone: each dag.test costs ~8 s). Last, date 6, whose
-partition budget is too small: refused, the task failed without retries, with beam-dp's message
-naming the dataset, the partition and what remains.
+Three daily partitions, each trained from the model of the date before (date 1 in two runs of
+the command: --max-jobs 2 makes it exit 75 after the count and the first two steps; dates 2 and 3
+in one, the DAG's train_args param given in the run's conf). Then what a scheduler's operators do:
+one date's input uploaded again (same bytes, a new object generation), then all three dates
+cleared and backfilled in reverse order (date 3 runs again after the model it warm-started from,
+dates 2 and 1 before the dates that warm-started from them). Every one of those runs succeeds,
+charges nothing and writes each date's model again byte for byte (a model rewritten with the
+same bytes is the same release input). Three dates hold every case a longer chain has (a first
+date, a middle one, a last one); each dag.test costs ~15 s on CI's two cores, so the chain was
+cut from five. Re-running days in forward order is tests/test_budget_runs.py's (the CLI alone).
+Last, date 4, whose partition budget is too small: refused, the task failed without retries,
+with beam-dp's message naming the dataset, the partition and what remains.
 
 The virtualenv (tests/airflow_venv.py) is kept in .airflow-venv/ (gitignored) and reused while
 complete; CI makes it ahead, beside the project's install.
@@ -37,8 +38,8 @@ from object_stores import gcs_server  # noqa: F401  (fixture)
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent   # the project's venv: beam-dp
 DATASET = "events"
-DATES = ["2026-03-01", "2026-03-02", "2026-03-03", "2026-03-04", "2026-03-05"]
-REFUSED = "2026-03-06"   # its partition's budget cannot afford a run
+DATES = ["2026-03-01", "2026-03-02", "2026-03-03"]
+REFUSED = "2026-03-04"   # its partition's budget cannot afford a run
 SETTINGS = "--epsilon 1 --delta 1e-6 --algorithm dpgd --steps 4 --steps-per-job 2"
 # Date 1 on Beam's runner, stopped by --max-jobs (neither is part of a release's id); the other
 # runs on the local runner, whose model is the same (tests/test_cluster_execution.py) and which
@@ -128,8 +129,8 @@ def test_daily_dag_trains_each_partition_once_through_reruns_and_backfills(tmp_p
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
 
-    # The five dates; a pause (the test keeps their models and uploads date 2's input again);
-    # the backfill of all five in reverse; the refused date.
+    # The three dates; a pause (the test keeps their models and uploads date 2's input
+    # again); the backfill of all three in reverse; the refused date.
     dates = [DATES[0], *(f"{d}={ONE_RUN}" for d in DATES[1:]), "--",
              *(f"{d}={ONE_RUN}" for d in DATES[::-1]), f"{REFUSED}={ONE_RUN}"]
     process = subprocess.Popen([str(python), str(driver), *dates],
@@ -164,12 +165,12 @@ def test_daily_dag_trains_each_partition_once_through_reruns_and_backfills(tmp_p
     assert json.loads(errors.split(" ", 1)[1]) == {}, errors
     results = [json.loads(l.split(" ", 1)[1]) for l in lines if l.startswith("RESULT ")]
     assert len(results) == len(dates) - 1, log[-5000:]
-    first, reruns, refused = results[:5], results[5:-1], results[-1]
+    first, reruns, refused = results[:len(DATES)], results[len(DATES):-1], results[-1]
     assert [(r["date"], r["state"]) for r in first] == [(d, "success") for d in DATES], log[-5000:]
     values = [r["value"] for r in first]
     assert [v["warm_start"] for v in values] == [None] + [f"{out}/{d}" for d in DATES[:-1]]
     assert values[0]["runs"] == 2   # exit 75, then the same command again
-    assert [v["runs"] for v in values[1:]] == [1] * 4
+    assert [v["runs"] for v in values[1:]] == [1] * (len(DATES) - 1)
     assert all("model.json" in models[day] for day in DATES)
 
     # Backfilled: each run one command that found its release committed.
@@ -184,7 +185,7 @@ def test_daily_dag_trains_each_partition_once_through_reruns_and_backfills(tmp_p
     assert DATASET in message and REFUSED in message and "remaining" in message.lower(), message
     assert not publish.is_published(f"{out}/{REFUSED}")
 
-    # 5 + 5 successful task runs made five charges, unchanged since the first five runs.
+    # 3 + 3 successful task runs made three charges, unchanged since the first three runs.
     shown = _beam_dp("ledger", "show", "--ledger", ledger, "--dataset-id", DATASET)
     assert _charges(shown) == _charges(charged)
     committed = [c for c in _charges(shown) if c["status"] == "committed"]

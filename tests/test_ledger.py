@@ -776,13 +776,14 @@ def test_a_killed_run_frees_its_release(url, tmp_path):
 # ------------------------------------------------------------------- runs racing for a budget
 
 @pytest.mark.slow
-def test_of_8_runs_racing_for_a_budget_that_admits_2_the_others_charge_nothing(url, tmp_path):
-    """8 `beam-dp train` processes (each its own release: its own seed) start together on a
+def test_of_5_runs_racing_for_a_budget_that_admits_2_the_others_charge_nothing(url, tmp_path):
+    """5 `beam-dp train` processes (each its own release: its own seed) start together on a
     partition whose budget admits two runs of epsilon 1 (the filter reads 1.28 for one, 1.85
     for two, 2.28 for three: budget 2). Admission is one run at a time up to its plan
     (``Ledger.admission``), each pre-checked against what the runs before it reserved: exactly
-    2 charges, both committed; the other 6 are refused before reading data (exit 3), nothing
-    charged. Before, each made and paid for its count first."""
+    2 charges, both committed; the other 3 are refused before reading data (exit 3), nothing
+    charged. Before, each made and paid for its count first. (5 processes, not 8: on CI's two
+    cores they start within the same second either way, and each costs ~3 s of imports.)"""
     beam_dp = os.path.join(os.path.dirname(sys.executable), "beam-dp")
     subprocess.run([beam_dp, "make-data", "--output", str(tmp_path / "data"), "--n", "400",
                     "--d", "2", "--validation-n", "0"], check=True, capture_output=True)
@@ -793,10 +794,10 @@ def test_of_8_runs_racing_for_a_budget_that_admits_2_the_others_charge_nothing(u
                               "--ledger", url, "--dataset-id", "ds", "--seed", str(k),
                               "--runner", "local"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            for k in range(8)]
+            for k in range(5)]
     results = [(run.wait(timeout=600), run.stderr.read()) for run in runs]
     codes = sorted(code for code, _ in results)
-    assert codes == [0, 0] + [3] * 6, results
+    assert codes == [0, 0] + [3] * 3, results
     assert all("before reading any data" in err for code, err in results if code == 3), results
     with open_ledger(url) as ledger:
         charges = ledger.charges("ds")
