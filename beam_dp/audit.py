@@ -292,11 +292,36 @@ def _widen(block: Block, extra: int) -> Block:
                  block.sq_norms, block.tag)
 
 
+# The widened blocks are kept for the run while their total stays under this many bytes (more
+# are widened again at every step). Widening every block at every step was ~40% of an audit's
+# time (np.hstack of 2,000 rows x 1,005 columns per step: 1.1 of 2.2 s for dpgd at epsilon 4,
+# 3.1 of 9.0 s for objective perturbation), and the same copy is made each time.
+WIDENED_CACHE_BYTES = 1 << 29
+
+
+class _Widened:
+    """One run's widened blocks (``_widen``), keyed by the block object itself: the entry holds
+    the block, so its id cannot pass to another block while the entry lives."""
+
+    def __init__(self, extra: int):
+        self.extra, self.entries, self.size = extra, {}, 0
+
+    def __call__(self, block: Block) -> Block:
+        entry = self.entries.get(id(block))
+        if entry is not None and entry[0] is block:
+            return entry[1]
+        wide = _widen(block, self.extra)
+        if self.size + wide.features.nbytes <= WIDENED_CACHE_BYTES:
+            self.entries[id(block)] = (block, wide)
+            self.size += wide.features.nbytes
+        return wide
+
+
 class _CanaryStage:
     """A training stage with the canaries injected into its sum, on the widened data."""
 
-    def __init__(self, stage, canaries: Canaries, scores: "_Scores"):
-        self.stage, self.canaries, self.scores = stage, canaries, scores
+    def __init__(self, stage, canaries: Canaries, scores: "_Scores", widen: _Widened):
+        self.stage, self.canaries, self.scores, self.widen = stage, canaries, scores, widen
 
     @property
     def shape(self):
@@ -310,10 +335,10 @@ class _CanaryStage:
         return base.zero_sum(self.stage)
 
     def partial_sum(self, block, state):
-        return self.stage.partial_sum(_widen(block, self.canaries.count), state)
+        return self.stage.partial_sum(self.widen(block), state)
 
     def selected_sum(self, batch, state):
-        return self.stage.selected_sum(_widen(batch, self.canaries.count), state)
+        return self.stage.selected_sum(self.widen(batch), state)
 
     def apply(self, state, total):
         inject = getattr(self.stage, "canary_sum", None)
@@ -346,9 +371,10 @@ class _CanaryAggregator:
 
     def __init__(self, inner, canaries: Canaries, scores: _Scores):
         self.inner, self.canaries, self.scores = inner, canaries, scores
+        self.widen = _Widened(canaries.count)
 
     def driver_stage(self, stage):
-        return _CanaryStage(stage, self.canaries, self.scores)
+        return _CanaryStage(stage, self.canaries, self.scores, self.widen)
 
     def run_stages(self, stages, state):
         return self.inner.run_stages([self.driver_stage(s) for s in stages], state)

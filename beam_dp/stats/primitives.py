@@ -4,6 +4,7 @@ Kamath & Steinke 2020), their rank-error bound, the Gaussian's analytic noise mu
 the public grids they choose from."""
 from __future__ import annotations
 
+import collections.abc
 import math
 from fractions import Fraction
 
@@ -85,25 +86,45 @@ def quantile_utility(counts: np.ndarray, size: int, rank: float, quantile: float
     return -np.maximum(np.maximum(lower - target, target - upper), 0.0)
 
 
+class RationalUtilities(collections.abc.Sequence):
+    """Utilities n_i / q over one common denominator q, made Fractions only when read: the
+    exponential mechanism reads the largest and those of the candidates it draws, so a grid of
+    thousands of cells needs no Fraction per cell (their normalizations were ~85% of an exact
+    quantile release: 2 million Fractions in a DPSGD-F audit run, 18 s)."""
+
+    def __init__(self, numerators: list, denominator: int):
+        self.numerators, self.denominator = numerators, denominator
+
+    def __len__(self) -> int:
+        return len(self.numerators)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [Fraction(n, self.denominator) for n in self.numerators[i]]
+        return Fraction(self.numerators[i], self.denominator)
+
+    @property
+    def top(self) -> Fraction:
+        return Fraction(max(self.numerators), self.denominator)
+
+
 def exact_quantile_utility(counts: np.ndarray, size: int, rank: float, quantile: float = 0.0,
-                           margin: float = 0.0) -> list:
+                           margin: float = 0.0) -> RationalUtilities:
     """``quantile_utility`` in exact rational arithmetic (Fractions of the float inputs, which
     are dyadic rationals): its sensitivity is then exactly the 1 of the proof, with no float
     rounding of the target (p T + rank) in between."""
-    ints = [int(c) for c in np.asarray(counts, float)]   # integer-valued counts (< 2^53)
+    ints = np.asarray(counts, float).astype(np.int64).tolist()   # integer-valued (< 2^53)
     total = sum(ints)
     half = Fraction(total, 2)
     low, high = min(Fraction(margin), half), max(total - Fraction(margin), half)
     target = min(max(Fraction(quantile) * total + Fraction(rank), low, 0), high, total)
-    # -max(lower - target, target - upper, 0) over target's denominator, in integers: the same
-    # rationals with one normalization each instead of three (the grid has thousands of cells).
+    # -max(lower - target, target - upper, 0) over target's denominator, in integers.
+    # (numpy object arrays: Python's exact integers, one vector operation each, ~3x a loop)
     p, q = target.numerator, target.denominator
-    out, lower = [], 0
-    for c in ints[:size]:
-        upper = lower + c
-        out.append(Fraction(-max(lower * q - p, p - upper * q, 0), q))
-        lower = upper
-    return out
+    upper = np.cumsum(np.array(ints[:size] or [0], dtype=object))[:size]
+    lower = np.concatenate([np.array([0], dtype=object), upper[:-1]])
+    worst = np.maximum(np.maximum(lower * q - p, p - upper * q), 0)
+    return RationalUtilities((-worst).tolist(), q)
 
 
 def _uniform_below(generator: np.random.Generator, bound: int) -> int:
@@ -156,7 +177,7 @@ def exact_exponential_mechanism(generator: np.random.Generator, utilities: list,
     # The audit's broken-build hook (mechanisms.NOISE_SCALE_FOR_TESTS) scales the Gumbel noise of
     # the float sampler; here it scales epsilon by its inverse, the same law.
     scaled = Fraction(epsilon) / Fraction(mechanisms.NOISE_SCALE_FOR_TESTS)
-    top = max(utilities)
+    top = utilities.top if isinstance(utilities, RationalUtilities) else max(utilities)
     while True:   # gamma_i only for the candidates drawn: the same draws, without G rationals
         i = _uniform_below(generator, len(utilities))
         if bernoulli_exp(generator, scaled * (top - utilities[i]) / 2):
