@@ -448,7 +448,13 @@ def quantized_rows(features: np.ndarray, fit_intercept: bool) -> tuple[np.ndarra
     _, exponents = np.frexp(np.max(np.abs(rows), axis=1) if d + 1 else np.zeros(m))
     shift = exponents.astype(np.int64) - GRID_FEATURE_BITS
     with _quiet():   # entries far below their row's largest underflow to 0: rounded away anyway
-        q = np.rint(np.ldexp(rows, -shift[:, None]))
+        if shift.size and -1022 <= -shift.max() and -shift.min() <= 1023:
+            # Times 2^-shift, a normal float: IEEE multiplication rounds the exact product as
+            # ldexp does (the same bits), at ~2.5x its speed; in place, on the copy made above.
+            rows *= np.ldexp(1.0, -shift)[:, None]
+            q = np.rint(rows, out=rows)
+        else:
+            q = np.rint(np.ldexp(rows, -shift[:, None]))
     return q, shift
 
 
