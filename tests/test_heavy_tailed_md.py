@@ -234,7 +234,9 @@ def test_it_beats_clipped_dpsgd_on_student_t_labels():
     best clip norm of {0.3, 1, 3} (best by the mean over the seeds, i.e. tuned on the test
     data, to its advantage), test loss on 20,000 held-out rows, 5 seeds. The test sets are
     shared, so the claim is checked on the paired differences: their mean exceeds two of their
-    standard errors. (pipelines/bench_heavy_tails.py prints where it wins and where it loses.)"""
+    standard errors. (pipelines/bench_heavy_tails.py prints where it wins and where it loses.)
+    dpsgd's noise is --noise float: the Gaussian law of its default secure noise, whose exact
+    sums of 1,000-column rows were 9 of this test's 22 s."""
     d, n, n_test, a, p = 1000, 10000, 20000, 3.0, 1.1
     clips = (0.3, 1.0, 3.0)
     md, sgd = [], {c: [] for c in clips}
@@ -251,7 +253,8 @@ def test_it_beats_clipped_dpsgd_on_student_t_labels():
         for c in clips:
             sgd[c].append(test_loss(beam_dp.train(x[:n], y[:n], algorithm="dpsgd", model="linear",
                                                   epsilon=1.0, num_examples=n, seed=seed,
-                                                  clip_norm=c, scale_features="none")))
+                                                  clip_norm=c, scale_features="none",
+                                                  noise="float")))
     best = min(clips, key=lambda c: np.mean(sgd[c]))
     differences = np.array(sgd[best]) - np.array(md)
     assert differences.mean() > 2 * differences.std(ddof=1) / math.sqrt(len(differences)), (

@@ -136,7 +136,8 @@ LOCAL_BY_NATURE = {
     "data.py": "input listing and opening: local globs and files here, remote ones through "
                "FileSystems (data.open_input, data.list_files)",
     "beam/aggregator.py": "the job work directory under --temp_location: FileSystems for remote "
-                          "locations, a local one made 0700 (it holds raw rows)",
+                          "locations, a local one made 0700 (it holds raw rows); and "
+                          "/proc/self/statm, the driver's own memory",
     "ledger/core.py": "the SQLite ledger file: a local database by nature",
     "ledger/sqlite.py": "the SQLite ledger file: a local database by nature",
     "frames.py": "a DataFrame's in-memory file (its open method)",
