@@ -163,45 +163,49 @@ def prepare(options, problem: Problem, aggregator, seed: int, ledger, also=()):
         # one quantile's epsilon per scaling quantile and per imputed column
         per_release = share / (released * len(SCALE_QUANTILES) + len(imputed))
     if released:
-        grid = np.repeat(stats.symmetric_log_grid(SCALE_GRID_BOUND, SCALE_GRID_SIZE, 1e12),
-                         released, axis=0)
-        stage = stats.QuantileStage(
-            "column_bounds", stats.Selected(private_columns, private_label), stats.FixedGrid(grid),
-            released, SCALE_GRID_SIZE, SCALE_QUANTILES, per_release, stats.stages_seed(seed),
-            (_SCALE_STREAM,), margin=stats.quantile_rank_error_bound(SCALE_GRID_SIZE, per_release,
-                                                                      SCALE_MARGIN_FAILURE),
-            # The run's noise kind: secure unless float was asked for (as the steps' default),
-            # so the ranges are no float release inside a secure run.
-            noise="float" if problem.privacy.noise == "float" else "secure")
+        stage = _range_stage(private_columns, private_label, per_release, seed,
+                             problem.privacy.noise)
 
     def preprocess(n: int) -> dict:
         out = {"declared_bounds": declared} if fixed or declared["label"] is not None else {}
-        scale = stage
+        scale, ranged, fill_epsilon = stage, private_columns, per_release
         if stage is not None:
             # The margin (the rank error at SCALE_MARGIN_FAILURE), as the targets sit that far
             # from the ends: above a quarter of n the range shrinks inside the quartiles.
             error = stage.margin
             if choice == "auto" and error > AUTO_SCALE_RANK_ERROR * n:
                 # Decided from the released count and public constants: nothing is spent.
+                skipped = (f"--scale-features auto: the quantiles' rank error bound ({error:.0f} "
+                           f"rows at probability {1 - SCALE_MARGIN_FAILURE:g}, {per_release:.3g} "
+                           f"epsilon each) is above {AUTO_SCALE_RANK_ERROR:.0%} of n; columns "
+                           "without declared bounds used as given")
+                scale, ranged = None, ()
+                fill_epsilon = share / len(imputed) if imputed else None   # the whole share
                 if label_scaled:
                     # A regression on raw units is not trained by accident: its label's scale
-                    # sets the steps and the clip norm's meaning (MASS Boston, 404 rows, schema
-                    # alone: RMSE 10.9-17.0 against the constant's 8.6, OLS 4.3; no private
-                    # range is usable there: docs/benchmarks/real-tables.md).
-                    raise ValueError(_unranged_refusal(problem, private_columns, private_label,
-                                                       error, per_release))
-                out = {**out, "column_bounds": None, "scaling_skipped": (
-                    f"--scale-features auto: the quantiles' rank error bound ({error:.0f} rows at "
-                    f"probability {1 - SCALE_MARGIN_FAILURE:g}, "
-                    f"{per_release:.3g} epsilon each) is above {AUTO_SCALE_RANK_ERROR:.0%} of n; "
-                    "columns without declared bounds used as given"
-                    + ("" if not private_label else ", and the label too"))}
-                scale = None
+                    # sets the steps and the clip norm's meaning. Its range alone (the share on
+                    # its two quantiles) is affordable long before every column's: then the
+                    # columns go as given (ggplot2 diamonds standardized, 43,152 rows and 23
+                    # columns: 48 quantiles' error 12,774 rows, the label's alone 532). Where
+                    # not even that is (MASS Boston, 404 rows, schema alone: RMSE 10.9-17.0
+                    # against the constant's 8.6, OLS 4.3), the run stops before training.
+                    alone = share / (len(SCALE_QUANTILES) + len(imputed))
+                    alone_error = stats.quantile_rank_error_bound(SCALE_GRID_SIZE, alone,
+                                                                  SCALE_MARGIN_FAILURE)
+                    if alone_error > AUTO_SCALE_RANK_ERROR * n:
+                        raise ValueError(_unranged_refusal(problem, private_columns,
+                                                           private_label, error, per_release))
+                    fill_epsilon = alone
+                    if private_label:
+                        scale = _range_stage((), True, alone, seed, problem.privacy.noise)
+                        skipped += (f"; the label's range released alone ({alone_error:.0f} "
+                                    f"rows, {alone:.3g} epsilon each)")
+                elif private_label:
+                    skipped += ", and the label too"
+                out = {**out, "column_bounds": None, "scaling_skipped": skipped}
         # The fills' epsilon: one quantile's each, or the whole share when no range is released
         # (decided from public values: the released n and constants).
-        fill_stages = _imputation_stages(
-            imputed, fixed, per_release if scale is not None else share / len(imputed),
-            seed) if imputed else []
+        fill_stages = _imputation_stages(imputed, fixed, fill_epsilon, seed) if imputed else []
         for q in fill_stages:
             unranged = [name for j, p, name in imputed if p == "median" and j not in fixed]
             if q.key == "impute_median" and unranged and (
@@ -237,12 +241,12 @@ def prepare(options, problem: Problem, aggregator, seed: int, ledger, also=()):
         # point away from 0 that point's cell (post-processing of public values).
         low, high = widen_collapsed(np.minimum(bounds[:, 0], bounds[:, 1]),
                                     np.maximum(bounds[:, 0], bounds[:, 1]))
-        k = len(private_columns)
+        k = len(ranged)
         return {**out, "column_bounds": {
-            "columns": list(private_columns), "low": low[:k].tolist(), "high": high[:k].tolist(),
+            "columns": list(ranged), "low": low[:k].tolist(), "high": high[:k].tolist(),
             **({"label": [float(low[k]), float(high[k])]} if private_label else {}),
             "quantiles": list(SCALE_QUANTILES), "epsilon": share,
-            "rank_error_95": stage.rank_error_bound(0.05)}}
+            "rank_error_95": scale.rank_error_bound(0.05)}}
 
     def make_transform(pre: dict):
         low, high, reach = np.full(d, np.nan), np.full(d, np.nan), np.ones(d)
@@ -295,6 +299,21 @@ def prepare(options, problem: Problem, aggregator, seed: int, ledger, also=()):
                                      fill=None if fill is None else tuple(fill.tolist()))
 
     return preprocess, make_transform
+
+
+def _range_stage(columns: tuple, label: bool, epsilon: float, seed: int, noise: str | None):
+    """The 2nd and 98th percentiles of ``columns`` (and of the label) on the public log grid,
+    ``epsilon`` each, their targets kept the margin (at SCALE_MARGIN_FAILURE) inside the data."""
+    released = len(columns) + int(label)
+    grid = np.repeat(stats.symmetric_log_grid(SCALE_GRID_BOUND, SCALE_GRID_SIZE, 1e12),
+                     released, axis=0)
+    return stats.QuantileStage(
+        "column_bounds", stats.Selected(columns, label), stats.FixedGrid(grid), released,
+        SCALE_GRID_SIZE, SCALE_QUANTILES, epsilon, stats.stages_seed(seed), (_SCALE_STREAM,),
+        margin=stats.quantile_rank_error_bound(SCALE_GRID_SIZE, epsilon, SCALE_MARGIN_FAILURE),
+        # The run's noise kind: secure unless float was asked for (as the steps' default), so
+        # the ranges are no float release inside a secure run.
+        noise="float" if noise == "float" else "secure")
 
 
 def column_names(problem: Problem, d: int) -> list[str]:

@@ -115,6 +115,35 @@ def test_auto_skips_scaling_where_the_quantiles_cannot_resolve_the_range(tmp_pat
     assert model.artifact.get("feature_transform") is None
 
 
+def test_a_regression_too_wide_for_every_range_gets_its_labels_range_alone(tmp_path):
+    """Standardized columns, too many for their private ranges at this n (23 columns and the
+    label: 48 quantiles, rank error ~12,800 rows against 4,000), a label in dollars: the label's
+    range alone is released (the share on its two quantiles: ~530 rows) and the columns go as
+    given, said by name; the model beats the constant. (Before, such a table was refused, as
+    MASS Boston's 404 rows still are: test_declared_bounds.py.) Without the label's range
+    affordable either, the run stops naming the columns and the label."""
+    g = np.random.default_rng(5)
+    n, d = 4000, 23
+    x = g.normal(size=(n, d))
+    y = 5000.0 + 1000.0 * (x[:, :3] @ np.array([1.0, -0.5, 0.5])) + 300.0 * g.normal(size=n)
+    pq.write_table(pa.table({**{f"x{j}": x[:, j] for j in range(d)}, "price": y}),
+                   tmp_path / "wide.parquet")
+    model = _train(input=str(tmp_path / "wide.parquet"), label_column="price", model="linear",
+                   epsilon=1.0, seed=4, runner="local")
+    pre = model.privacy_report["preprocessing"]
+    assert "the label's range released alone" in pre["scaling_skipped"]
+    assert pre["column_bounds"]["columns"] == [] and len(pre["column_bounds"]["label"]) == 2
+    assert pre["scaling"][0].startswith("used as given (n is too small for private ranges): 'x0'")
+    assert pre["scaling"][1].startswith("the label 'price' scaled by a private 2nd-98th")
+    rmse = float(np.sqrt(np.mean((model.predict(x) - y) ** 2)))
+    assert rmse < 0.5 * float(np.std(y)), rmse   # the constant's is std(y) (~1,250)
+    pq.write_table(pa.table({**{f"x{j}": x[:300, j] for j in range(d)}, "price": y[:300]}),
+                   tmp_path / "small.parquet")
+    with pytest.raises(ValueError, match="declare the ranges of 'x0', .* and of the label 'price'"):
+        _train(input=str(tmp_path / "small.parquet"), label_column="price", model="linear",
+               epsilon=1.0, seed=4, runner="local")
+
+
 @pytest.mark.slow
 def test_beam_and_local_give_the_same_scaled_model(tmp_path):
     g = np.random.default_rng(3)
