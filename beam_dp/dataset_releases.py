@@ -30,10 +30,12 @@ def release_summary(input: Sequence[str], output: str, *, epsilon: float, delta:
                     label_column: str = "label", feature_columns=None, batch_rows: int = 65536,
                     accountant: str = "pld", num_examples: int | None = None,
                     noise: str | None = None, seed: int | None = None,
-                    gate: Callable | None = None,
+                    gate: Callable | None = None, bounds: dict | None = None,
                     before_write: Callable[[dict], None] = lambda files: None) -> tuple[dict, int]:
     """Writes OUTPUT/stats_report.json, the private summary of the numeric feature columns;
-    returns (the summary, the number of columns). Secure noise unless ``noise="float"``; where its
+    returns (the summary, the number of columns). ``bounds`` (column -> (low, high), a schema's
+    declared ranges): each is checked against the column's released quantiles
+    (``stats.check_declared_ranges``; post-processing, nothing more is spent). Secure noise unless ``noise="float"``; where its
     samplers' slack would pass 1e-3 delta, refused with ``noise="secure"``, float noise (said in
     the report) by default. ``gate``: the budget across runs (``accounting.Ledger``'s), which
     admits the whole release before any data is read. ``before_write(files)`` (file name ->
@@ -86,6 +88,8 @@ def release_summary(input: Sequence[str], output: str, *, epsilon: float, delta:
                                 "public (--num-examples)" if num_examples
                                 else "private estimate: discrete Laplace count" if secure
                                 else "private estimate: Laplace count")
+        if bounds:
+            stats.check_declared_ranges(summary, bounds)
         summary["privacy"] = report.release_report(
             ledger, delta, seed_fixed, requested_epsilon=epsilon, value_bound=value_bound,
             **({"sampler_delta_bound": sampler_delta} if secure else {}))

@@ -56,6 +56,9 @@ def add_stats_parser(sub):
                     default=(0.05, 0.5, 0.95), help="comma-separated fractions")
     st.add_argument("--value-bound", type=float, default=1e6, metavar="B",
                     help="public bound on |values|; the quantile grids span it")
+    st.add_argument("--schema", default=None, metavar="FILE",
+                    help="train's schema file: its declared bounds are checked against the "
+                         "released quantiles (a range far wider than the data is said)")
     st.add_argument("--epsilon", type=float, required=True, help="total budget")
     st.add_argument("--delta", type=float, default=1e-5, help="total delta")
     st.add_argument("--accountant", choices=accounting.ACCOUNTANTS, default="pld",
@@ -146,10 +149,10 @@ def stats(args, beam_args: list[str]) -> int:
     from beam_dp import accounting, data, dataset_releases
 
     if args.categorical_columns:
-        if args.feature_columns:
-            raise ValueError("--feature-columns and --categorical-columns: stats releases the "
-                             "numeric statistics or the categorical frequencies; run it once for "
-                             "each")
+        if args.feature_columns or args.schema:
+            raise ValueError("--feature-columns or --schema, and --categorical-columns: stats "
+                             "releases the numeric statistics (whose ranges --schema checks) or "
+                             "the categorical frequencies; run it once for each")
     else:
         if args.sparse_mechanism is not None:
             raise ValueError("--sparse-mechanism is the noise of the categorical frequencies: it "
@@ -176,11 +179,17 @@ def stats(args, beam_args: list[str]) -> int:
               + f"; wrote {args.output}")
         return 0
 
+    bounds = None
+    if args.schema is not None:
+        from beam_dp import schema
+
+        bounds = schema.read(args.schema).get("bounds") or {}
+
     def summary(release, gate, before_write) -> int:
         summary, columns_released = dataset_releases.release_summary(
             args.input, args.output, quantiles=args.quantiles, value_bound=args.value_bound,
             label_column=args.label_column, feature_columns=args.feature_columns, gate=gate,
-            before_write=before_write, **common)
+            before_write=before_write, bounds=bounds, **common)
         _print_warnings(summary)
         print(f"private statistics of {columns_released} columns: "
               f"epsilon={summary['privacy']['epsilon']:.4g}, delta={args.delta:g}; "

@@ -42,7 +42,8 @@ Beam transforms, the CLI and the pipelines read these names as ``stats.X``, one 
 whichever module defines them. Private helpers (``_rng``, ``_secure_noisy_sum``, ...) are read
 from their submodule (``stats.stages._rng``).
 """
-from beam_dp.stats.composite import (SUMMARY_FAILURE, FixedGrid, adaptive_mean_stages,
+from beam_dp.stats.composite import (SUMMARY_FAILURE, WIDE_RANGE_SPAN, FixedGrid,
+                                     adaptive_mean_stages, check_declared_ranges,
                                      dataset_summary_stages, summary, symmetric_log_grid)
 from beam_dp.stats.primitives import (bernoulli_exp, exact_exponential_mechanism,
                                       exact_quantile_utility, exponential_mechanism_quantile,
@@ -71,8 +72,8 @@ __all__ = [
     "ClippedMeanStage", "CountStage", "ImputeMeanStage", "PackedStages", "QuantileStage",
     "SecondMomentStage", "mean_grid", "mean_sampler_variation", "record_releases",
     "secure_moment_variation", "stages_seed",
-    "SUMMARY_FAILURE", "FixedGrid", "adaptive_mean_stages", "dataset_summary_stages", "summary",
-    "symmetric_log_grid",
+    "SUMMARY_FAILURE", "WIDE_RANGE_SPAN", "FixedGrid", "adaptive_mean_stages",
+    "check_declared_ranges", "dataset_summary_stages", "summary", "symmetric_log_grid",
     "SPARSE_COUNT_SHARE", "SPARSE_FAILURE", "SPARSE_MEAN_VARIANTS", "SPARSE_NOTES",
     "SPARSE_PRIVACY", "ColumnBlockHashing", "ColumnCountStage", "ReplaceOneCountStage",
     "SparseMeanStage", "categorical_frequency_stages", "categorical_summary", "clip_sparse_rows",
