@@ -89,7 +89,7 @@ def release_summary(input: Sequence[str], output: str, *, epsilon: float, delta:
                                 else "private estimate: discrete Laplace count" if secure
                                 else "private estimate: Laplace count")
         if bounds:
-            stats.check_declared_ranges(summary, bounds)
+            stats.check_declared_ranges(summary, stages, bounds)
         summary["privacy"] = report.release_report(
             ledger, delta, seed_fixed, requested_epsilon=epsilon, value_bound=value_bound,
             **({"sampler_delta_bound": sampler_delta} if secure else {}))

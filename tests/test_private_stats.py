@@ -747,9 +747,11 @@ def test_a_noisy_mean_past_its_clipping_range_is_projected_onto_it():
 def test_stats_checks_a_schemas_declared_ranges_against_its_quantiles(tmp_path, cli):
     """``beam-dp stats --schema``: a range far wider than where the column's values lie (values
     near 0 declared [0, 5000], as AER CreditCard's expenditure is documented) is said, and so
-    is one the values pass (clipped in training); a fitting range is not; at a small n, where
-    the quantiles are unresolved, the check says it cannot tell. Shares only: no released
-    value in the messages. Nothing more is spent than the summary's own releases."""
+    is one the values pass (clipped in training); a fitting range is not, nor a 0/1 column's
+    [0, 1] (its 1 released as the grid point just above), and a rare 0/1 column's span (a point
+    mass) is not judged; at a small n, where the quantiles are unresolved, the check says it
+    cannot tell. Shares only: no released value in the messages. Nothing more is spent than
+    the summary's own releases."""
     import json
 
     import pyarrow as pa
@@ -758,18 +760,22 @@ def test_stats_checks_a_schemas_declared_ranges_against_its_quantiles(tmp_path, 
     g = np.random.default_rng(8)
     n = 20000
     table = {"spend": g.exponential(20.0, n), "age": g.uniform(20, 80, n),
-             "rate": g.uniform(0, 10, n)}
+             "rate": g.uniform(0, 10, n), "flag": (g.random(n) < 0.3).astype(float),
+             "rare": (g.random(n) < 0.01).astype(float)}
     pq.write_table(pa.table(table), tmp_path / "t.parquet")
     pq.write_table(pa.table({k: v[:300] for k, v in table.items()}), tmp_path / "small.parquet")
     (tmp_path / "schema.json").write_text(json.dumps(
-        {"bounds": {"spend": [0, 5000], "age": [0, 100], "rate": [0, 1]}}))
-    common = ["stats", "--epsilon", 2.0, "--seed", 3, "--feature-columns", "spend,age,rate",
+        {"bounds": {"spend": [0, 5000], "age": [0, 100], "rate": [0, 1], "flag": [0, 1],
+                    "rare": [0, 1], "label": [0, 1]}}))
+    common = ["stats", "--epsilon", 2.0, "--seed", 3, "--feature-columns",
+              "spend,age,rate,flag,rare",
               "--schema", tmp_path / "schema.json", *LOCAL]
     r = cli(*common, "--input", tmp_path / "t.parquet", "--output", tmp_path / "out")
     assert r.code == 0, r
     report = read_json(tmp_path / "out" / "stats_report.json")
     verdicts = {k: v["verdict"] for k, v in report["declared_ranges"].items()}
-    assert verdicts == {"spend": "wide", "age": "fits", "rate": "beyond"}, report["declared_ranges"]
+    assert verdicts == {"spend": "wide", "age": "fits", "rate": "beyond", "flag": "fits",
+                        "rare": "cannot tell", "label": "not checked"}, report["declared_ranges"]
     assert report["declared_ranges"]["spend"]["span_share"] < stats.WIDE_RANGE_SPAN
     said = [w for w in report["warnings"] if w.startswith(("'spend'", "'rate'"))]
     assert len(said) == 2 and any("sliver" in w for w in said) and any("clipped" in w for w in said)
@@ -779,7 +785,8 @@ def test_stats_checks_a_schemas_declared_ranges_against_its_quantiles(tmp_path, 
     r = cli(*common, "--input", tmp_path / "small.parquet", "--output", tmp_path / "small")
     assert r.code == 0, r
     small = read_json(tmp_path / "small" / "stats_report.json")
-    assert {v["verdict"] for v in small["declared_ranges"].values()} == {"cannot tell"}
+    assert {v["verdict"] for v in small["declared_ranges"].values()} == {"cannot tell",
+                                                                       "not checked"}
     assert cli("stats", "--input", tmp_path / "t.parquet", "--output", tmp_path / "c",
                "--epsilon", 1.0, "--categorical-columns", "spend", "--schema",
                tmp_path / "schema.json", *LOCAL).code != 0

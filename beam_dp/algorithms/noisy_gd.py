@@ -426,8 +426,8 @@ def _plan(config: NoisyGDConfig, dataset_size: dict, ledger: accounting.Ledger, 
 _CLIP = option(1.0, "per-example gradient clip norm C",
                low=0, low_open=True)
 _SCALE = option("auto", "columns without declared bounds: 'private' maps them onto "
-                        "[-1, 1] by private quantiles; 'auto' where accurate, else a "
-                        "regression stops naming them; 'none' leaves them",
+                        "[-1, 1] by private quantiles; 'auto' where accurate, else as "
+                        "given (a small regression stops); 'none' leaves them",
                 choices=("none", "private", "auto"))
 _SCALE_EPSILON = option(None, "budget of --scale-features' quantiles; default epsilon /"
                               " 10", low=0, low_open=True)
