@@ -154,17 +154,22 @@ def predicted_of(model: str, s: np.ndarray) -> np.ndarray:
 
 def held_out_better(model: str, y_train, y_test, s) -> bool:
     """The truth the private quality check is judged against: on the held-out rows, is the
-    model better than the constant predictor under the check's own measure (the Brier score
-    against the training rows' class frequencies, squared error against their mean label)?"""
+    model better than the constant predictor under the check's own measure (the Brier score,
+    ``quality.brier``, against the training rows' class frequencies; squared error against
+    their mean label)?"""
     if model in ("logistic", "softmax"):
-        from scipy.special import expit, softmax
+        from beam_dp import losses, quality
+
+        s = np.asarray(s, dtype=float).reshape(len(y_test), -1)
+        loss = losses.make_loss(model, s.shape[1] if model == "softmax" else None)
+        truth = np.asarray(y_test, dtype=int)
         k = 2 if model == "logistic" else s.shape[1]
-        p = (np.column_stack([1 - expit(s), expit(s)]) if model == "logistic"
-             else softmax(s, axis=1))
-        truth = np.eye(k)[np.asarray(y_test, dtype=int)]
         frequencies = np.bincount(np.asarray(y_train, dtype=int), minlength=k) / len(y_train)
-        return bool(np.mean(np.sum((p - truth) ** 2, axis=1))
-                    < np.mean(np.sum((frequencies - truth) ** 2, axis=1)))
+        with np.errstate(divide="ignore"):   # a class absent from training: log 0, p 0
+            constant = (np.log(frequencies[1:]) - np.log(frequencies[:1]) if model == "logistic"
+                        else np.log(frequencies))   # the scores whose probabilities they are
+        return bool(np.mean(quality.brier(loss, s, truth)) < np.mean(
+            quality.brier(loss, np.broadcast_to(constant, s.shape), truth)))
     return bool(np.mean((s - y_test) ** 2) < np.mean((y_test - np.mean(y_train)) ** 2))
 
 
