@@ -55,8 +55,7 @@ class PoissonPlan:
     expected_rows: float     # of a step's batch: q n (sizes the batch files)
 
     def pieces(self, block: Block, steps: Iterable[int]) -> Iterator[tuple[int, Block]]:
-        for step in steps:
-            rows = self.sampler.rows(block, step)
+        for step, rows in self.sampler.rows_of_steps(block, steps):
             if rows is None:
                 yield step, block
             elif len(rows):
@@ -92,16 +91,36 @@ def _join(tag: int, parts: Sequence[Block]) -> Block:
 
 
 class LocalBatches:
-    """Batches computed step by step from blocks in memory (the local runner)."""
+    """Batches computed step by step from blocks in memory (the local runner). Under Poisson
+    sampling the current chunk's draws of every block are kept (``PoissonSampler.chunk_rows``:
+    about one index per row), so a step costs O(its batch + blocks), not a draw per block."""
 
     location = None
 
     def __init__(self, blocks: Sequence[Block], plan):
         self.blocks, self.plan = list(blocks), plan
+        # assemble's order, so that the pieces below come out already in it
+        self._ordered = sorted(self.blocks, key=lambda b: (b.tag, b.source, b.row_start))
+        self._chunk, self._draws = None, []
 
     def get(self, step: int) -> list[Block]:
-        return assemble(piece for block in self.blocks
-                        for _, piece in self.plan.pieces(block, (step,)))
+        if not isinstance(self.plan, PoissonPlan) or self.plan.sampler.rate >= 1.0:
+            return assemble(piece for block in self.blocks
+                            for _, piece in self.plan.pieces(block, (step,)))
+        sampler = self.plan.sampler
+        chunk, offset = divmod(step, sampler.chunk)
+        if chunk != self._chunk:
+            self._draws = [sampler.chunk_rows(block, chunk) for block in self._ordered]
+            self._chunk = chunk
+        pieces = [(block, rows[starts[offset]:starts[offset + 1]])
+                  for block, (starts, rows) in zip(self._ordered, self._draws)]
+        pieces = [(block, rows) for block, rows in pieces if len(rows)]
+        if any(block.sparse for block, _ in pieces):
+            return assemble(block.take(rows) for block, rows in pieces)
+        by_tag: dict[int, list] = {}
+        for block, rows in pieces:
+            by_tag.setdefault(block.tag, []).append((block, rows))
+        return [_gather(tag, parts) for tag, parts in by_tag.items()]
 
     def __enter__(self):
         return self
@@ -222,6 +241,21 @@ class FileBatches:
                     self._steps.setdefault(s, {}).setdefault(tag, []).append((features, labels))
             self._group = group
         return [_join_arrays(tag, parts) for tag, parts in sorted(self._steps.get(step, {}).items())]
+
+
+def _gather(tag: int, parts: list) -> Block:
+    """``_join`` of the pieces ``(block, rows)`` without making each piece: the rows are taken
+    straight into the batch's arrays (a Block per piece cost ~10 us of 25 us a block and step)."""
+    total = sum(len(rows) for _, rows in parts)
+    first = parts[0][0]
+    features = np.empty((total, first.features.shape[1]), dtype=first.features.dtype)
+    labels = np.empty(total, dtype=first.labels.dtype)
+    at = 0
+    for block, rows in parts:
+        block.features.take(rows, axis=0, out=features[at:at + len(rows)])
+        block.labels.take(rows, axis=0, out=labels[at:at + len(rows)])
+        at += len(rows)
+    return Block(features, labels, "batch", 0, None, tag)
 
 
 def _join_arrays(tag: int, parts: list) -> Block:

@@ -119,3 +119,84 @@ def test_rate_one_selects_every_row():
 def test_rate_must_be_in_zero_one(rate):
     with pytest.raises(ValueError):
         PoissonSampler(rate, seed=0)
+
+
+# ------------------------------------------------------- chunked draws (several steps at once)
+
+def _batch_size_chi2(sizes: np.ndarray, m: int, q: float) -> tuple[float, int]:
+    """Pearson's chi-square of observed batch sizes against Binomial(m, q), over bins of at least
+    5 expected counts (the tails pooled): (statistic, degrees of freedom)."""
+    n = len(sizes)
+    edges = [k for k in range(m + 1) if n * stats.binom.pmf(k, m, q) >= 5]
+    lo, hi = edges[0], edges[-1]
+    observed = [np.sum(sizes <= lo)] + [np.sum(sizes == k) for k in range(lo + 1, hi)] + [np.sum(sizes >= hi)]
+    expected = ([stats.binom.cdf(lo, m, q)] + [stats.binom.pmf(k, m, q) for k in range(lo + 1, hi)]
+                + [stats.binom.sf(hi - 1, m, q)])
+    observed, expected = np.array(observed, float), n * np.array(expected)
+    return float(np.sum((observed - expected) ** 2 / expected)), len(observed) - 1
+
+
+@pytest.mark.parametrize("q", [0.01, 0.3])
+def test_batch_sizes_over_steps_are_binomial(q):
+    # Every step's size, across many chunks (chunk_steps(0.01) = 100, chunk_steps(0.3) = 3), is
+    # an independent Binomial(m, q) draw: Pearson's chi-square against it.
+    m, steps = 1000, 20_000
+    sampler = PoissonSampler(q, seed=2024)
+    sizes = np.array([len(rows) for _, rows in sampler.rows_of_steps(_block(m), range(steps))])
+    chi2, dof = _batch_size_chi2(sizes, m, q)
+    assert chi2 < stats.chi2.isf(ALPHA, dof), (chi2, dof)
+    # A fixed batch size (variance 0) or a rate 10% off fails by far:
+    fixed = np.full(steps, int(m * q))
+    assert _batch_size_chi2(fixed, m, q)[0] > stats.chi2.isf(ALPHA, dof)
+    off = np.random.default_rng(0).binomial(m, 1.1 * q, size=steps)
+    assert _batch_size_chi2(off, m, q)[0] > stats.chi2.isf(ALPHA, dof)
+
+
+def test_inclusion_frequencies_across_chunks_are_q():
+    # Rows' inclusion counts over 3,000 steps (150 chunks of 20): each Binomial(3000, q),
+    # independent across rows: the sum of squared z-scores is chi-square with m degrees.
+    m, steps, q = 400, 3000, 0.05
+    sampler = PoissonSampler(q, seed=77)
+    counts = np.zeros(m)
+    for _, rows in sampler.rows_of_steps(_block(m), range(steps)):
+        counts[rows] += 1
+    z = (counts - steps * q) / np.sqrt(steps * q * (1 - q))
+    chi2 = float(np.sum(z ** 2))
+    assert stats.chi2.ppf(ALPHA / 2, m) < chi2 < stats.chi2.isf(ALPHA / 2, m)
+    assert np.max(np.abs(z)) < stats.norm.isf(ALPHA / (2 * m))
+
+
+def test_a_short_first_draw_of_gaps_still_gives_the_law(monkeypatch):
+    # The first draw of geometric gaps rarely falls short of the chunk; force it to (negative
+    # slack: a handful of gaps at a time) and the sizes must still be Binomial(m, q).
+    from beam_dp import sampling
+    monkeypatch.setattr(sampling, "SLACK_SDS", -1e9)
+    m, q, steps = 500, 0.02, 10_000
+    sizes = np.array([len(r) for _, r in PoissonSampler(q, 5).rows_of_steps(_block(m), range(steps))])
+    chi2, dof = _batch_size_chi2(sizes, m, q)
+    assert chi2 < stats.chi2.isf(ALPHA, dof), (chi2, dof)
+
+
+def test_local_batches_are_the_batch_jobs_pieces_in_any_step_order():
+    # The local runner's step-by-step batches (the current chunk kept) and the Beam batch job's
+    # pieces (every step of a block in one pass) hold the same rows, in the same order, also
+    # when steps are asked out of order (a resumed run).
+    from beam_dp import batches
+    rng = np.random.default_rng(3)
+    blocks = [Block(rng.normal(size=(m, 3)), rng.normal(size=m), f"/d/part-{i % 2}.parquet", start)
+              for i, (m, start) in enumerate([(700, 0), (300, 0), (650, 700), (20, 1350)])]
+    plan = batches.PoissonPlan(PoissonSampler(0.04, seed=11), 0.04 * 1670)
+    steps = 120   # 5 chunks of 25
+    whole = {}
+    for block in blocks:
+        for step, piece in plan.pieces(block, range(steps)):
+            whole.setdefault(step, []).append(piece)
+    local = batches.LocalBatches(blocks, plan)
+    for step in list(range(steps)) + [97, 3, 119, 50]:
+        expected = batches.assemble(whole.get(step, []))
+        got = local.get(step)
+        assert len(got) == len(expected)
+        for a, b in zip(got, expected):
+            np.testing.assert_array_equal(a.features, b.features)
+            np.testing.assert_array_equal(a.labels, b.labels)
+            np.testing.assert_array_equal(a.sq_norms, b.sq_norms)
