@@ -1,8 +1,8 @@
 """report.html: a training run's report for people, made from the run's JSON files alone.
 
 ``build(model, privacy, metrics)`` turns model.json, privacy_report.json and (with
-``--validation``) metrics.json into one self-contained HTML page: inline SVG plots drawn by
-matplotlib (no pyplot, no display, no global backend switch), no script and no network fetch, so
+``--validation``) metrics.json into one self-contained HTML page: inline SVG plots
+(``beam_dp.svg_charts``), no script and no network fetch, so
 it opens the same from a laptop, an archive or an auditor's mail. ``write(directory)`` makes it
 again from a training output directory (``beam-dp report OUT``).
 
@@ -16,11 +16,12 @@ vocabulary's values are public (the vocabulary is in model.json) and shown as "c
 from __future__ import annotations
 
 import html
-import io
 import json
 import math
 
 import numpy as np
+
+from beam_dp import svg_charts
 
 REPORT_HTML = "report.html"
 INPUTS = ("model.json", "privacy_report.json")   # metrics.json is optional
@@ -161,40 +162,51 @@ def _point_counts(counts: list[int], budget: int) -> list[list[int]]:
 
 
 def epsilon_progress(privacy: dict, points: int = PROGRESS_POINTS) -> list[dict]:
-    """Cumulative epsilon (at the run's delta) after the run's releases in order, recomputed by
-    the run's accountant over the composition of the releases so far; inside a repeated release
-    (the training steps) at a few of its repetitions. [{"release", "name", "epsilon"}], the
-    last the whole run (the reported epsilon)."""
+    """Cumulative epsilon (at the run's delta) after the run's releases in order; inside a
+    repeated release (the training steps) at a few of its repetitions. [{"release", "name",
+    "epsilon"}], the last the whole run: the reported epsilon itself.
+
+    The points before it are the run's accountant over the composition of the releases so far,
+    each a valid upper bound: with the PLD accountant on the coarse grid a calibration searches
+    on (``calibration._probe_epsilon``: ~0.05 s a point, where the report's grid took ~0.4 s,
+    5 s for a report), then capped by the whole run's epsilon (a prefix of the releases never
+    costs more than all of them) and made non-decreasing (a larger bound is still a bound)."""
     from dp_accounting import dp_event as events
 
     from beam_dp import accounting
+    from beam_dp.accounting import calibration
 
     releases = _releases(privacy)
     delta, kind, relation = privacy["delta"], privacy["accountant"], privacy["neighbouring"]
+    whole = float(privacy["epsilon"])
     counts = [c if _one_of(e, c) is not None else 1 for _, c, e in releases]
-    out, done, position = [], [], 0
-    for (name, count, event), at in zip(releases, _point_counts(counts, points)):
+    out, done, position, highest = [], [], 0, 0.0
+    for index, ((name, count, event), at) in enumerate(zip(releases, _point_counts(counts, points))):
         single = _one_of(event, count)
         for j in at:
-            part = event if j == counts[len(done)] or single is None else \
-                accounting.self_composed(single, j)
-            composed = events.ComposedDpEvent(done + [part])
             step = position + (j if single is not None else count)
-            out.append({"release": step, "name": name,
-                        "epsilon": accounting.epsilon_of(composed, delta, kind, relation)})
+            if index == len(releases) - 1 and j == counts[index]:
+                value = whole
+            else:
+                part = event if j == counts[index] or single is None else \
+                    accounting.self_composed(single, j)
+                composed = events.ComposedDpEvent(done + [part])
+                value = (calibration._probe_epsilon(composed, delta, relation, whole)[0]
+                         if kind == "pld" else accounting.epsilon_of(composed, delta, kind, relation))
+            highest = max(highest, min(value, whole))
+            out.append({"release": step, "name": name, "epsilon": highest})
         done.append(event)
         position += count
     return out
 
 
 def privacy_curve(privacy: dict, deltas) -> list[tuple[float, float]]:
-    """(delta, epsilon) of the whole run for each delta: one accountant, its PLD built once."""
+    """(delta, epsilon) of the whole run for each delta: one PLD, the run's if still built."""
     from beam_dp import accounting
 
     event = accounting.event_from_json(privacy["dp_event"])
-    accountant = accounting.make_accountant(privacy["accountant"], privacy["neighbouring"])
-    accountant.compose(event)
-    return [(float(d), float(accountant.get_epsilon(float(d)))) for d in deltas]
+    values = accounting.epsilon_curve(event, deltas, privacy["accountant"], privacy["neighbouring"])
+    return [(float(d), float(e)) for d, e in zip(deltas, values)]
 
 
 def curve_deltas(delta: float) -> np.ndarray:
@@ -281,111 +293,36 @@ def released_statistics(model: dict, privacy: dict) -> list[dict]:
 
 # ------------------------------------------------------------------------------- the plots
 
-def _figure(width: float, height: float, labels=()):
-    """A figure with fixed margins, the left one wide enough for the longest of ``labels``
-    (y tick labels): matplotlib's constrained layout measures every text twice and took about
-    half the page's drawing time, which every training run pays."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height))
-    longest = max((len(str(label)) for label in labels), default=6)
-    left = min(0.6, (0.35 + 0.075 * longest) / width)
-    fig.subplots_adjust(left=left, right=0.97, top=1 - 0.25 / height, bottom=0.55 / height)
-    return fig
-
-
-def _svg(fig, salt: str) -> str:
-    """The figure as inline SVG: text as text (readable, selectable), no date (the same files
-    give the same page), ids salted per figure (several SVGs share one document)."""
-    import matplotlib
-
-    buf = io.StringIO()
-    # (inside build's rc_context, which restores the user's settings: one copy of them, not
-    # one per figure)
-    matplotlib.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": salt})
-    fig.savefig(buf, format="svg", metadata={"Date": None})
-    text = buf.getvalue()
-    return text[text.index("<svg"):]
-
-
-def _style(ax) -> None:
-    ax.grid(True, alpha=0.3)
-    ax.set_axisbelow(True)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
-
-
 def _progress_svg(progress: list[dict], privacy: dict) -> str:
-    fig = _figure(8, 3.6)
-    ax = fig.add_subplot()
-    x = [0] + [p["release"] for p in progress]
-    y = [0.0] + [p["epsilon"] for p in progress]
-    ax.plot(x, y, color="#1f5fa8", marker="o", markersize=3.5, linewidth=1.6)
-    for p, after in zip(progress, progress[1:] + [None]):   # where each release ends
-        if after is None or after["name"] != p["name"]:
-            ax.axvline(p["release"], color="#999999", linewidth=0.6, linestyle=":")
+    ends = [p["release"] for p, after in zip(progress, progress[1:] + [None])   # where each
+            if after is None or after["name"] != p["name"]]                      # release ends
     requested = privacy.get("requested_epsilon")
-    if isinstance(requested, (int, float)):
-        ax.axhline(requested, color="#b03a2e", linestyle="--", linewidth=1,
-                   label=f"requested epsilon {requested:g}")
-        ax.legend(loc="lower right", frameon=False)
-    from matplotlib.ticker import MaxNLocator
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("releases so far, in the order the run made them")
-    ax.set_ylabel(f"epsilon at delta = {privacy['delta']:g}")
-    ax.set_ylim(bottom=0)
-    ax.set_xlim(left=0)
-    _style(ax)
-    return _svg(fig, "progress")
+    hline = ((requested, f"requested epsilon {requested:g}")
+             if isinstance(requested, (int, float)) and not isinstance(requested, bool) else None)
+    return svg_charts.line_chart(
+        [0] + [p["release"] for p in progress], [0.0] + [p["epsilon"] for p in progress],
+        title="Epsilon as training progresses", vlines=ends, hline=hline,
+        x_label="releases so far, in the order the run made them",
+        y_label=f"epsilon at delta = {privacy['delta']:g}")
 
 
 def _curve_svg(curve: list[tuple[float, float]], privacy: dict) -> str:
-    fig = _figure(8, 3.6)
-    ax = fig.add_subplot()
-    finite = [(d, e) for d, e in curve if math.isfinite(e)]
-    if finite:
-        ax.plot(*zip(*finite), color="#1f5fa8", linewidth=1.6)
-    ax.plot([privacy["delta"]], [privacy["epsilon"]], "o", color="#b03a2e",
-            label=f"this run: epsilon {privacy['epsilon']:.4g} at delta {privacy['delta']:g}")
-    ax.set_xscale("log")
-    # Decades labelled in plain text: the default 10^k labels go through mathtext, which took
-    # most of the page's drawing time; minor ticks (dozens of Tick objects) too.
-    from matplotlib.ticker import FuncFormatter, NullLocator
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:.0e}"))
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xlabel("delta")
-    ax.set_ylabel("epsilon")
-    ax.set_ylim(bottom=0)
-    ax.legend(loc="upper right", frameon=False)
-    _style(ax)
-    return _svg(fig, "curve")
+    return svg_charts.line_chart(
+        [d for d, _ in curve], [e for _, e in curve], title="Privacy curve", markers=False,
+        x_log=True, x_label="delta", y_label="epsilon", legend_corner="upper",
+        point=(privacy["delta"], privacy["epsilon"],
+               f"this run: epsilon {privacy['epsilon']:.4g} at delta {privacy['delta']:g}"))
 
 
 def _statistic_svg(panel: dict, index: int) -> str:
-    labels, values = panel["labels"], panel["values"]
-    fig = _figure(8, 0.9 + 0.28 * max(len(labels), 2), labels)
-    ax = fig.add_subplot()
-    rows = np.arange(len(labels))[::-1]
-    errors = panel.get("errors")
-    ax.errorbar(values, rows, xerr=errors, fmt="o", color="#1f5fa8", ecolor="#7a9cc6",
-                capsize=3, markersize=4)
-    ax.set_yticks(rows, labels)
-    ax.set_ylim(-0.7, len(labels) - 0.3)
-    _style(ax)
-    return _svg(fig, f"statistic-{index}")
+    return svg_charts.dot_chart(panel["labels"], panel["values"], panel.get("errors"),
+                                title=panel.get("title", f"statistic {index}"))
 
 
 def _coefficients_svg(top: list[tuple[str, float]]) -> str:
-    fig = _figure(8, 0.9 + 0.3 * max(len(top), 2), [name for name, _ in top])
-    ax = fig.add_subplot()
-    rows = np.arange(len(top))[::-1]
-    values = [v for _, v in top]
-    ax.barh(rows, values, color=["#1f5fa8" if v >= 0 else "#c0392b" for v in values])
-    ax.set_yticks(rows, [name for name, _ in top])
-    ax.axvline(0, color="#333333", linewidth=0.8)
-    ax.set_xlabel("coefficient (blue: positive, red: negative)")
-    _style(ax)
-    return _svg(fig, "coefficients")
+    return svg_charts.bar_chart([name for name, _ in top], [v for _, v in top],
+                                title="Largest coefficients",
+                                x_label="coefficient (blue: positive, red: negative)")
 
 
 # -------------------------------------------------------------------------------- the page
@@ -444,10 +381,7 @@ def relation_in_words(relation: str) -> str:
 
 def build(model: dict, privacy: dict, metrics: dict | None = None) -> str:
     """The report.html text of a run (see the module docstring)."""
-    import matplotlib
-
-    with matplotlib.rc_context():   # the figures' settings do not outlive the page
-        return _build(model, privacy, metrics)
+    return _build(model, privacy, metrics)
 
 
 def _build(model: dict, privacy: dict, metrics: dict | None) -> str:
@@ -516,7 +450,8 @@ def _build(model: dict, privacy: dict, metrics: dict | None) -> str:
         parts.append(_progress_svg(progress, privacy))
         parts.append(f"<p class='note'>The epsilon of the releases made so far, recomputed by "
                      f"the {_e(_ACCOUNTANTS.get(accountant, accountant))} accountant over their "
-                     f"composition; the last point is the whole run "
+                     f"composition (before the end on a coarser grid: upper bounds); the last "
+                     f"point is the whole run "
                      f"({_e(format(progress[-1]['epsilon'], '.4g'))}).</p>")
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         parts.append(f"<p class='warning'>Not recomputed: {_e(type(e).__name__)}: {_e(e)}</p>")

@@ -251,3 +251,29 @@ def test_column_names_follow_the_encodings_layout_with_missing_indicators():
     names = report_html.coefficient_names(model)
     assert names == ["age", "spend", "spend_missing", "plan=basic", "plan=pro", "plan=(other)"]
     assert len(names) == encoding.dim
+
+
+def test_charts_are_well_formed_svg_with_their_labels_escaped():
+    import xml.etree.ElementTree as ET
+
+    from beam_dp import svg_charts
+
+    charts = [
+        svg_charts.line_chart([0, 10, 250], [0.0, 0.2, 0.9], title="t", x_label="x <&>",
+                              y_label="y", vlines=[10], hline=(1.0, "requested 1")),
+        svg_charts.line_chart([1e-9, 1e-5, 1e-2], [3.0, 1.0, float("inf")], title="c",
+                              x_label="delta", y_label="epsilon", x_log=True, markers=False,
+                              point=(1e-5, 1.0, "this run"), legend_corner="upper"),
+        svg_charts.dot_chart(["a<b", "c&d"], [1.0, -2.5], [0.1, 0.3], title="s"),
+        svg_charts.bar_chart(["x=\"1\"", "y"], [0.5, -0.25], title="b", x_label="coefficient"),
+    ]
+    for svg in charts:
+        root = ET.fromstring(svg)   # raises on a stray <, & or quote
+        texts = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]
+        assert texts
+    assert "x <&>" in [t.text for t in ET.fromstring(charts[0]).iter("{http://www.w3.org/2000/svg}text")]
+    # Ticks cover the data's range with round steps.
+    ticks = svg_charts.nice_ticks(0.0, 0.9989)
+    assert ticks[0] <= 0.0 and ticks[-1] >= 0.9989 and 4 <= len(ticks) <= 8
+    ticks = svg_charts.nice_ticks(-3.2, 7.7)
+    assert ticks[0] <= -3.2 and ticks[-1] >= 7.7 and 0.0 in ticks and len(ticks) <= 8

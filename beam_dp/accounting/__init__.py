@@ -23,8 +23,8 @@ not something a caller must know. Private helpers (``_RdpAccountant``, ``_search
 imported from their submodule, and tests that monkeypatch a name patch the submodule that looks
 it up (e.g. ``calibration._search``).
 """
-from beam_dp.accounting.accountants import (epsilon_of, make_accountant, prefetch_epsilon,
-                                            ready_epsilon, settle)
+from beam_dp.accounting.accountants import (epsilon_curve, epsilon_of, make_accountant,
+                                            prefetch_epsilon, ready_epsilon, settle)
 from beam_dp.accounting.calibration import (CALIBRATION_TOLERANCE, MIN_PARAMETER, PROBE_FACTOR,
                                             calibrate_noise_multiplier, clear_caches,
                                             noise_multiplier_guess)
@@ -50,7 +50,7 @@ __all__ = [
     "DEFAULT_DISCRETIZATION", "MAX_DISCRETIZATION", "MAX_PURE_PLD_EPSILON", "PLD_FALLBACK_NOTE",
     "PLD_POINTS", "pld_discretization_interval",
     "RDP_EXCLUDED_ORDERS_NOTE",
-    "epsilon_of", "make_accountant", "prefetch_epsilon", "ready_epsilon", "settle",
+    "epsilon_curve", "epsilon_of", "make_accountant", "prefetch_epsilon", "ready_epsilon", "settle",
     "CALIBRATION_TOLERANCE", "MIN_PARAMETER", "PROBE_FACTOR", "calibrate_noise_multiplier",
     "clear_caches", "noise_multiplier_guess",
     "Ledger", "Release", "after", "prior_event",

@@ -3,6 +3,7 @@ event, ``ready_epsilon`` if already known, and ``prefetch_epsilon``, which compu
 background thread while the job trains (``settle`` waits for those)."""
 from __future__ import annotations
 
+import math
 import os
 import queue
 import threading
@@ -11,7 +12,8 @@ import dp_accounting
 from dp_accounting import dp_event as events
 
 from beam_dp.accounting.pld_accountant import (_CACHE_LOCK, _EPSILON_CACHE, _IN_FLIGHT,
-                                               PLD_FALLBACK_NOTE, _event_key, _PLDAccountant)
+                                               PLD_FALLBACK_NOTE, _event_key,
+                                               _log_space_epsilons, _PLDAccountant)
 from beam_dp.accounting.rdp_accountant import RDP_EXCLUDED_ORDERS_NOTE, _quiet_rdp, _RdpAccountant
 from beam_dp.accounting.relations import _RELATIONS, ACCOUNTANTS, ADD_REMOVE
 from beam_dp.accounting.stopwatch import STOPWATCH
@@ -44,6 +46,29 @@ def epsilon_of(event: events.DpEvent, delta: float, accountant: str = "pld",
         if getattr(acc, "rdp_fallback", False) and PLD_FALLBACK_NOTE not in notes:
             notes.append(PLD_FALLBACK_NOTE)
     return value
+
+
+def epsilon_curve(event: events.DpEvent, deltas, accountant: str = "pld",
+                  neighbouring: str = ADD_REMOVE) -> list[float]:
+    """``epsilon_of(event, delta, ...)`` for each of ``deltas``, from one PLD (the run's own if
+    it is still built, ``pld_accountant._BUILT``): each by the log-space form of dp_accounting's
+    formula on it (~2 ms, where the library's took ~60 ms), or the memoized answer (the run's
+    delta: the reported epsilon to the bit); the accountant's own answer where that form has
+    none (beyond ~700, a non-private release)."""
+    acc = make_accountant(accountant, neighbouring).compose(event)
+    if accountant != "pld":
+        with _quiet_rdp():
+            return [float(acc.get_epsilon(float(d))) for d in deltas]
+    eager = acc._eager()
+    deltas = [float(d) for d in deltas]
+    quick = (_log_space_epsilons(eager._pld, deltas) if eager is not None
+             and not eager._contains_non_dp_event else [math.inf] * len(deltas))
+    values = []
+    for d, value in zip(deltas, quick):
+        ready = ready_epsilon(event, d, accountant, neighbouring)
+        values.append(ready if ready is not None else value if not math.isinf(value)
+                      else float(acc.get_epsilon(d)))
+    return values
 
 
 def ready_epsilon(event: events.DpEvent, delta: float, accountant: str = "pld",

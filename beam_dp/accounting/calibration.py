@@ -24,7 +24,7 @@ from dp_accounting import dp_event as events
 from beam_dp.accounting.accountants import (epsilon_of, make_accountant, prefetch_epsilon,
                                             settle)
 from beam_dp.accounting.fast_pld import _laplace_pld
-from beam_dp.accounting.pld_accountant import (_CACHE_LOCK, _EPSILON_CACHE, _SCALE_ORDERS,
+from beam_dp.accounting.pld_accountant import (_BUILT, _CACHE_LOCK, _EPSILON_CACHE, _SCALE_ORDERS,
                                                DEFAULT_DISCRETIZATION, MAX_DISCRETIZATION,
                                                _EagerPLDAccountant, _event_key, _interval_for,
                                                _log_space_epsilon, _scale_estimate)
@@ -363,6 +363,7 @@ def clear_caches() -> None:
     accounted as in a fresh one (pipelines/benchmark.py compares runs this way)."""
     settle()   # a prefetch under way would fill the cache afterwards
     _EPSILON_CACHE.clear()
+    _BUILT.clear()
     _RDP_STEPS.clear()
     _CALIBRATIONS.clear()
     _laplace_pld.cache_clear()

@@ -122,6 +122,11 @@ _EPSILON_CACHE_SIZE = 512
 # Answers being computed, by memo key (``_PLDAccountant._memo``), and the lock over both: the
 # report's PLD may be under way in ``prefetch_epsilon``'s thread while the driver asks for it.
 _IN_FLIGHT: dict = {}
+# The last few PLDs built (by composed event, relation and interval): the report's privacy
+# curve asks the run's own PLD for a dozen deltas, which would otherwise build it again (~1 s
+# for a DP-SGD run). A few MB each (PLD_POINTS bounds their size).
+_BUILT: collections.OrderedDict = collections.OrderedDict()
+_BUILT_SIZE = 2
 _CACHE_LOCK = threading.Lock()
 # A few of dp_accounting's default RDP orders (a subset of them), for a quick first estimate of
 # the loss's scale: ~2 ms rather than ~20-40 ms for a subsampled Gaussian (the fractional
@@ -223,11 +228,17 @@ class _PLDAccountant(_EagerPLDAccountant):
             event = self.ledger
             interval = self._fixed_interval or pld_discretization_interval(
                 event, _relation_name(self.neighboring_relation))
-            if not math.isfinite(interval):
-                self._built = (interval, None)
-            else:
-                eager = _EagerPLDAccountant(self.neighboring_relation, interval)
-                self._built = (interval, eager.compose(event))
+            key = (_event_key(event), self.neighboring_relation, interval)
+            with _CACHE_LOCK:
+                built = _BUILT.get(key)
+            if built is None:
+                built = None if not math.isfinite(interval) else \
+                    _EagerPLDAccountant(self.neighboring_relation, interval).compose(event)
+                with _CACHE_LOCK:
+                    _BUILT[key] = built
+                    while len(_BUILT) > _BUILT_SIZE:
+                        _BUILT.popitem(last=False)
+            self._built = (interval, built)
         return self._built[1]
 
     def _memo(self, kind: str, value: float, compute: Callable[[_EagerPLDAccountant], float],
@@ -308,14 +319,20 @@ def _log_space_epsilon(pld, delta: float) -> float:
     kept in log space, so that losses beyond ~700 do not overflow. Same formula, same pessimistic
     PLD: a valid upper bound as dp_accounting's is. inf if the PLD's internals are not as
     expected (then the caller falls back to RDP) or the epsilon is truly unbounded."""
+    return _log_space_epsilons(pld, [delta])[0]
+
+
+def _log_space_epsilons(pld, deltas) -> list[float]:
+    """``_log_space_epsilon`` for each of ``deltas``, the PMFs' running sums made once."""
     try:
         pmfs = [pld._pmf_remove] if pld._symmetric else [pld._pmf_remove, pld._pmf_add]
-        return max(_pmf_log_space_epsilon(pmf, delta) for pmf in pmfs)
+        each = [_pmf_log_space_epsilons(pmf, deltas) for pmf in pmfs]
     except (AttributeError, TypeError, ValueError):
-        return math.inf
+        return [math.inf] * len(deltas)
+    return [max(values) for values in zip(*each)]
 
 
-def _pmf_log_space_epsilon(pmf, delta: float) -> float:
+def _pmf_log_space_epsilons(pmf, deltas) -> list[float]:
     if hasattr(pmf, "_get_losses_probs"):          # sparse PMF
         losses, probs = pmf._get_losses_probs()
         losses, probs = np.asarray(losses, float)[::-1], np.asarray(probs, float)[::-1]
@@ -324,14 +341,18 @@ def _pmf_log_space_epsilon(pmf, delta: float) -> float:
         top = pmf._lower_loss + len(probs) - 1
         losses = (top - np.arange(len(probs))) * pmf._discretization
     infinity_mass = float(pmf._infinity_mass)
-    if infinity_mass > delta:
-        return math.inf
     # Before row k (losses descending): the upper mass and log of sum(exp(-loss) * prob).
     with np.errstate(divide="ignore"):
         # FFT composition leaves masses of -1e-17 here and there: as zeros in the log.
         log_terms = np.log(np.maximum(probs, 0.0)) - losses
     upper = infinity_mass + np.concatenate([[0.0], np.cumsum(probs)])
     log_lower = np.concatenate([[-np.inf], np.logaddexp.accumulate(log_terms)])
+    return [_pmf_epsilon_at(losses, upper, log_lower, infinity_mass, float(d)) for d in deltas]
+
+
+def _pmf_epsilon_at(losses, upper, log_lower, infinity_mass: float, delta: float) -> float:
+    if infinity_mass > delta:
+        return math.inf
     with np.errstate(divide="ignore", invalid="ignore"):
         candidate = np.log(upper - delta) - log_lower
     stop = (upper[:-1] > delta) & np.isfinite(log_lower[:-1]) & (candidate[:-1] >= losses)
