@@ -498,9 +498,14 @@ def _fit(request: _Request, checked: _Checked, read: _Input, problem: spec.Probl
     run_seed = (request.seed if request.seed is not None else
                 job_results.seed() if job_results is not None else mechanisms.secure_seed())
     quality_options = request.quality_options
+    run_check = None if check is None else quality.RunCheck(
+        check, loss, run_seed, quality_options.quality_label_bound is not None
+        or getattr(options, "label_bound", None) is not None)
     try:
         if request.instrument is not None:
             problem, aggregator = request.instrument(problem, aggregator)
+        if run_check is not None:   # in the last training job, where the algorithm can
+            problem = dataclasses.replace(problem, final_check=run_check.final_check)
         result = chosen.train(options, problem, aggregator, run_seed, budget.ledger,
                               request.progress or (lambda done, total, eps: None))
         if encoding is not None and encoding.imputed:
@@ -511,18 +516,8 @@ def _fit(request: _Request, checked: _Checked, read: _Input, problem: spec.Probl
                 raise RuntimeError("a median/mean fill was not released (a bug)")
         if quality_options is not None:   # (even with the check off: such a model is no model)
             quality.check_finite(result.theta)
-        label_range = (getattr(result, "preprocessing", None) or {}).get("label_range")
-        if (check is not None and check.label_bound is not None and label_range
-                and quality_options.quality_label_bound is None
-                and getattr(options, "label_bound", None) is None):
-            check = check.with_label_range(label_range)
-        if check is not None:
-            # A run resumed after it finished finds its check's release beside the checkpoint.
-            noisy = quality.load_saved(problem.checkpoint_dir, result.theta, check)
-            if noisy is None:
-                stage = check.stage(loss, result.feature_transform, run_seed)
-                noisy = aggregator.run_stages([stage], quality.initial_state(result.theta))[stage.key]
-                quality.save(problem.checkpoint_dir, result.theta, check, noisy)
+        if run_check is not None:
+            check, noisy = run_check.release(result, aggregator, problem.checkpoint_dir)
             verdict = quality.judged(loss, noisy, check, result.dataset_size["value"],
                                      "the training data")
         if job_results is not None:   # the run is over: its jobs' results and seed go

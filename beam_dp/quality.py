@@ -346,6 +346,51 @@ def save(directory: str | None, theta: np.ndarray, check: Check, noisy: np.ndarr
     storage.write_bytes(storage.join(directory, SAVED), text.encode())
 
 
+@dataclasses.dataclass
+class RunCheck:
+    """A reserved check as one run makes it. Its bound L becomes the run's label range (released
+    or declared) where L was only assumed (``fixed_bound`` False: no --quality-label-bound, no
+    algorithm's own label bound). Its release comes from the last training job where the
+    algorithm ran it there (``final_check``, for ``spec.Problem.final_check``), else from beside
+    the checkpoint (a run resumed after it finished), else from a job of its own (``release``)."""
+
+    check: Check
+    loss: losses.GlmLoss
+    seed: int
+    fixed_bound: bool
+    _fused: dict = dataclasses.field(default_factory=dict)
+
+    def labelled(self, label_range) -> Check:
+        if self.check.label_bound is not None and label_range and not self.fixed_bound:
+            return self.check.with_label_range(label_range)
+        return self.check
+
+    def final_check(self, transform, label_range):
+        """(the stage, its state from the model's coefficients), to run after the last step."""
+        check = self.labelled(label_range)
+        stage = check.stage(self.loss, transform, self.seed)
+        self._fused.update(check=check, stage=stage)
+        return stage, initial_state
+
+    def release(self, result, aggregator, checkpoint_dir: str | None) -> tuple[Check, np.ndarray]:
+        """(the check as it ran, its noisy sums) for ``result``'s model, released once."""
+        label_range = (getattr(result, "preprocessing", None) or {}).get("label_range")
+        check, released = self.labelled(label_range), getattr(result, "final_release", None)
+        if released is not None:
+            if not np.array_equal(released[THETA], result.theta):
+                # (never run again: the reserved release is charged once)
+                raise RuntimeError("the quality check ran on another model (a bug)")
+            check, noisy = self._fused["check"], released[self._fused["stage"].key]
+        else:
+            noisy = load_saved(checkpoint_dir, result.theta, check)
+            if noisy is not None:
+                return check, noisy
+            stage = check.stage(self.loss, result.feature_transform, self.seed)
+            noisy = aggregator.run_stages([stage], initial_state(result.theta))[stage.key]
+        save(checkpoint_dir, result.theta, check, noisy)
+        return check, noisy
+
+
 def reserve(ledger: accounting.Ledger, loss: losses.GlmLoss, privacy, *, epsilon: float | None,
             label_bound: float | None, secure: bool) -> Check:
     """The check's noise (from public constants only), recorded in ``ledger`` before training.

@@ -938,12 +938,18 @@ def test_real_table_secure_noise_same_bits_on_every_runner(tmp_path, cli, islr_d
 
 
 @pytest.mark.slow
-def test_the_quality_check_is_one_more_job(tmp_path, cli, binary, beam_jobs):
-    """With default flags the private quality check reads the data once more, in one stages job
-    after training, and its release is in the report."""
-    r = cli("train", "--input", binary["glob"], "--output", tmp_path / "out", "--batch-rows",
-            BATCH_ROWS, "--seed", 3, "--runner", "FnApiRunner", "--algorithm", "dpgd",
-            "--noise-multiplier", 1.0, "--steps", 4, "--scale-features", "none")
+def test_the_quality_check_rides_in_the_last_training_job(tmp_path, cli, binary, beam_jobs):
+    """With default flags the private quality check of full-batch steps is one more stage of
+    the last training job (not a job that reads the data again); DP-SGD's steps run on the
+    driver from its batch job's files, so its check is a job of its own after them."""
+    common = ("--input", binary["glob"], "--batch-rows", BATCH_ROWS, "--seed", 3, "--runner",
+              "FnApiRunner", "--noise-multiplier", 1.0, "--scale-features", "none")
+    r = cli("train", *common, "--output", tmp_path / "gd", "--algorithm", "dpgd", "--steps", 4)
     assert r.code == 0, r
-    assert _kinds(beam_jobs) == [("stages", 4), ("stages", 1)]
-    assert read_json(tmp_path / "out" / "privacy_report.json")["quality_check"]["status"]
+    assert _kinds(beam_jobs) == [("stages", 5)]
+    assert read_json(tmp_path / "gd" / "privacy_report.json")["quality_check"]["status"]
+    beam_jobs.clear()
+    r = cli("train", *common, "--output", tmp_path / "sgd", "--algorithm", "dpsgd", "--epochs", 1,
+            "--batch-size", 100)
+    assert r.code == 0, r
+    assert [kind for kind, _ in _kinds(beam_jobs)] == ["batches", "stages"]

@@ -179,12 +179,14 @@ def test_far_labels_model_is_much_worse_and_refused():
 
 
 def _diverging(monkeypatch, value):
-    """dpgd returns ``value`` in every coefficient (a diverged optimizer)."""
+    """dpgd returns ``value`` in every coefficient (a diverged optimizer), its check not yet
+    run (as if its last job had not held it: api then checks that model)."""
     real = noisy_gd.DPGD
 
     def diverged(*args, **kwargs):
         result = real.train(*args, **kwargs)
-        return dataclasses.replace(result, theta=np.full_like(result.theta, value))
+        return dataclasses.replace(result, theta=np.full_like(result.theta, value),
+                                   final_release=None)
 
     monkeypatch.setattr(noisy_gd, "DPGD", dataclasses.replace(real, train=diverged))
 
@@ -323,3 +325,49 @@ def test_the_checks_options_with_the_check_off_are_refused_not_dropped():
     x, y = _binary(500, seed=1)
     with pytest.raises(ValueError, match="leave them out with --quality-check off"):
         beam_dp.train(x, y, epsilon=1.0, seed=0, quality_check="off", quality_epsilon=0.1)
+
+
+@pytest.mark.parametrize("case", [
+    dict(kind="binary", kwargs={}),                                  # averaged iterates
+    dict(kind="binary", kwargs={"algorithm": "dpgd", "average_iterates": False}),
+    dict(kind="regression", kwargs={"model": "linear", "scale_features": "private"}),
+])
+def test_the_check_in_the_last_training_job_releases_what_its_own_job_did(monkeypatch, case):
+    """Full-batch runs sum the check in their last job (``base.FinalStage``): the same model
+    (the averaged or last iterate, a scaled label's coefficients in its units), the same noise,
+    so the same release as the job of its own it replaced, to the bit."""
+    x, y = synthetic.make_dataset(case["kind"], 20_000, 4, 7)
+    if case["kind"] == "regression":
+        y = 3.0 * y + 5.0   # off the unit scale: the label's released range maps it
+    kwargs = dict(epsilon=1.0, seed=11, **case["kwargs"])
+    fused, _ = _train(x, y, **kwargs)
+    ran = []
+    original = noisy_gd.train
+
+    def own_job(*args, **kw):   # the check left out of training: api runs it in a job after
+        ran.append(kw.get("final_stage") is not None)
+        return original(*args, **{**kw, "final_stage": None})
+
+    monkeypatch.setattr(noisy_gd, "train", own_job)
+    separate, _ = _train(x, y, **kwargs)
+    assert ran == [True]
+    np.testing.assert_array_equal(fused.theta, separate.theta)
+    a, b = fused.privacy_report["quality_check"], separate.privacy_report["quality_check"]
+    assert a == b and a["status"] == "better"
+    if case["kind"] == "regression":
+        assert a["label_bound"] > 5.0   # the released range's, not the assumed default
+
+
+def test_a_check_released_for_another_model_is_a_bug_never_a_second_release(monkeypatch):
+    # The last job's release belongs to the model it summed; a model changed after it (here by
+    # hand) stops the run rather than release the check again (it is charged once).
+    real = noisy_gd.DPGD
+
+    def changed(*args, **kwargs):
+        result = real.train(*args, **kwargs)
+        return dataclasses.replace(result, theta=result.theta + 1.0)
+
+    monkeypatch.setattr(noisy_gd, "DPGD", dataclasses.replace(real, train=changed))
+    x, y = _binary(2000)
+    with pytest.raises(RuntimeError, match="another model"):
+        beam_dp.train(x, y, epsilon=1.0, seed=0, algorithm="dpgd")

@@ -42,6 +42,7 @@ class TrainState:
     theta: np.ndarray          # (k, d + 1), last column the intercept
     theta_sum: np.ndarray      # sum of the iterates theta_1..theta_step, for iterate averaging
     step: int = 0              # steps done
+    final: object = None       # what run_chunks' ``final`` stage released (a FinalStage's)
 
     @classmethod
     def zeros(cls, outputs: int, dim: int) -> "TrainState":
@@ -49,6 +50,31 @@ class TrainState:
 
     def averaged(self) -> np.ndarray:
         return self.theta_sum / max(self.step, 1)
+
+
+@dataclasses.dataclass
+class FinalStage:
+    """A stage over the trained model, run by ``run_chunks`` in the last training job rather than
+    a job of its own (issue 33: one job less per run; the private quality check). ``inner``
+    sums over the rows with ``to_state(model)`` as its state, where ``model = model_of(train
+    state)`` is the model as the algorithm outputs it; its release (``inner.apply``'s) goes to
+    the TrainState's ``final``."""
+
+    inner: object
+    model_of: Callable
+    to_state: Callable
+
+    def __getattr__(self, name):   # shape, key, zero_sum, ...: the inner stage's
+        if name in ("inner", "model_of", "to_state") or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def partial_sum(self, block, state):
+        return self.inner.partial_sum(block, self.to_state(self.model_of(state)))
+
+    def apply(self, state, total):
+        released = self.inner.apply(self.to_state(self.model_of(state)), total)
+        return dataclasses.replace(state, final=released)
 
 
 class Stage(Protocol):
@@ -133,7 +159,8 @@ def load_checkpoint(directory: str, config: dict) -> tuple[TrainState, dict] | N
 
 def run_chunks(aggregator: Aggregator, step_fn: Stage, state: TrainState, total_steps: int,
                steps_per_job: int | None, after_chunk: Callable[[TrainState, int], None],
-               plan: dict | None = None, keep_batches: bool = False) -> TrainState:
+               plan: dict | None = None, keep_batches: bool = False,
+               final: FinalStage | None = None) -> TrainState:
     """Runs the steps ``state.step .. total_steps - 1``, calling ``after_chunk(state,
     steps_in_chunk)`` after each chunk (to record releases, checkpoint and report progress).
 
@@ -142,7 +169,9 @@ def run_chunks(aggregator: Aggregator, step_fn: Stage, state: TrainState, total_
     on the driver over the aggregator's ``step_batches``, one job for the whole run; a chunk is
     then only how often ``after_chunk`` is called. ``plan`` (the checkpointed plan) records where
     the batches are kept, and a resumed run finds them there; ``keep_batches`` keeps them when
-    the run fails, for that resume (they are deleted once training ends)."""
+    the run fails, for that resume (they are deleted once training ends). ``final`` (full-batch
+    steps only) runs after the last step, in its job; the returned state's ``final`` is then its
+    release (None where it did not run: batches fixed in advance, or no step left)."""
     batch_plan = getattr(step_fn, "batch_plan", None)
     if batch_plan is None:
         while state.step < total_steps:
@@ -152,7 +181,8 @@ def run_chunks(aggregator: Aggregator, step_fn: Stage, state: TrainState, total_
             # stage can say so; the root seed stays on the driver.
             restrict = getattr(step_fn, "for_steps", None)
             stage = restrict(state.step, k) if restrict is not None else step_fn
-            state = aggregator.run_stages([stage] * k, state)
+            last = final is not None and state.step + k >= total_steps
+            state = aggregator.run_stages([stage] * k + [final] * last, state)
             after_chunk(state, k)
         return state
     if state.step >= total_steps:   # a finished run resumed: its batches are gone, none needed

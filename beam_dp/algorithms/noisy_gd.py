@@ -47,7 +47,7 @@ from beam_dp import (accounting, column_scaling, features, mechanisms, precondit
 from beam_dp.algorithms.adaptive_clipping import (ADAPTIVE_FLOAT_NOTE, AdaptiveClipState,
                                                   AdaptiveClipStep, adaptive_clipping_summary,
                                                   count_noise_std)
-from beam_dp.algorithms.base import (Aggregator, TrainState, load_checkpoint, run_chunks,
+from beam_dp.algorithms.base import (Aggregator, FinalStage, TrainState, load_checkpoint, run_chunks,
                                      save_checkpoint)
 from beam_dp.algorithms.gradient_step import NoisyGradientStep, UserGradientStep
 from beam_dp.algorithms.spec import Algorithm, Problem, TrainResult, option
@@ -183,7 +183,8 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
           checkpoint_key: dict | None = None,
           initial_theta: np.ndarray | None = None,
           make_step_scale: Callable[[dict, dict], ColumnStepScale] | None = None,
-          user_bounding: "user_level.UserBounding | None" = None) -> TrainResult:
+          user_bounding: "user_level.UserBounding | None" = None,
+          final_stage: "Callable[[dict], FinalStage] | None" = None) -> TrainResult:
     """Trains a GLM with DP-SGD or DP-GD over ``dim`` model features, from ``initial_theta``
     (a released model's coefficients: public) or zeros.
 
@@ -193,7 +194,9 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
     the clip norm (replacing ``config.clip_norm``). The noise multiplier is calibrated so that the
     composition of everything in the ledger and all the steps meets (epsilon, delta).
     ``on_progress(steps_done, steps_total, epsilon_so_far)`` is called after every chunk; the
-    epsilon there is the ledger's, never a data statistic.
+    epsilon there is the ledger's, never a data statistic. ``final_stage(preprocessing)``, if
+    given, makes a stage over the trained model that full-batch runs add to their last job
+    (``run_chunks``' ``final``); its release is the result's ``final_release``.
 
     ``user_bounding`` (user-level privacy: the aggregator's blocks are grouped by user and
     bounded to K rows each, ``user_level.group_by_user``): n is then the number of USERS
@@ -316,7 +319,8 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
 
     on_progress(state.step, total_steps, ledger.progress_epsilon(config.delta, planned))
     state = run_chunks(aggregator, step_fn, state, total_steps, config.steps_per_chunk, after_chunk,
-                       plan if checkpoint_dir else None, keep_batches=bool(checkpoint_dir))
+                       plan if checkpoint_dir else None, keep_batches=bool(checkpoint_dir),
+                       final=final_stage(plan["preprocessing"]) if final_stage else None)
     theta = state.averaged() if config.averaging() else state.theta
     details = plan["preprocessing"]
     if count_std is not None:
@@ -328,7 +332,8 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
                        details, sampling=("full batch" if q >= 1 else "Poisson over users"
                                           if user_bounding is not None else "Poisson"),
                        expected_batch_size=plan["normalizer"],
-                       privacy_unit=user_bounding.describe() if user_bounding is not None else None)
+                       privacy_unit=user_bounding.describe() if user_bounding is not None else None,
+                       final_release=state.final)
 
 
 
@@ -586,6 +591,21 @@ def _train_noisy(name: str, options, problem: Problem, aggregator, seed: int, le
         start_map = make_transform({})
         if isinstance(start_map, features.ScaleColumns):
             initial_theta = start_map.scale_label(initial_theta)
+    def final_stage(pre: dict) -> FinalStage:
+        """The quality check over the model as this function returns it (below: the averaged
+        or last iterate, a scaled label's coefficients back in its units), with the map
+        training applied to the rows."""
+        applied = make_transform(pre) if make_transform else None
+        scaled = isinstance(applied, features.ScaleColumns) and applied.label_low is not None
+
+        def model_of(state: TrainState):
+            theta = state.averaged() if config.averaging() else state.theta
+            return applied.unscale_label(theta) if scaled else theta
+
+        inner, to_state = problem.final_check(features.spec(applied),
+                                              applied.label_range() if scaled else None)
+        return FinalStage(inner, model_of, to_state)
+
     result = train(config, problem.loss, problem.dim, aggregator, seed, ledger, progress,
                    problem.checkpoint_dir, preprocess=preprocess, make_transform=make_transform,
                    checkpoint_key={"input": problem.source, "seed_fixed": problem.seed_fixed,
@@ -594,7 +614,8 @@ def _train_noisy(name: str, options, problem: Problem, aggregator, seed: int, le
                                    **({"privacy_unit": dataclasses.asdict(bounding)}
                                       if bounding is not None else {})},
                    initial_theta=initial_theta, make_step_scale=make_step_scale,
-                   user_bounding=bounding)
+                   user_bounding=bounding,
+                   final_stage=final_stage if problem.final_check is not None else None)
     applied = make_transform(result.preprocessing) if make_transform else None
     theta, preprocessing = result.theta, result.preprocessing
     if isinstance(applied, features.ScaleColumns) and applied.label_low is not None:

@@ -198,6 +198,11 @@ class Problem:
     # User-level privacy (``beam_dp.user_level.UserBounding``: the unit's column and the rows
     # kept per user); the aggregator's blocks are then grouped by user. None: a row is the unit.
     privacy_unit: "object | None" = None
+    # The private quality check, to run in the last training job where the algorithm can
+    # (``base.FinalStage``; set by ``beam_dp.api``): ``final_check(feature_transform spec,
+    # label range or None) -> (stage, to_state)``, the stage over rows and the map from the
+    # model's coefficients to its state. None: no check, or the caller runs it in its own job.
+    final_check: "Callable | None" = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,3 +290,6 @@ class TrainResult:
     # User-level privacy: the unit's column name and the contribution bounds (public), for the
     # report; None: a row is the unit.
     privacy_unit: dict | None = None
+    # The release of the problem's ``final_check`` where it ran in the last training job
+    # (``base.FinalStage``); None: it did not (the caller runs the check itself).
+    final_release: object = None
