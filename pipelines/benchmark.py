@@ -18,9 +18,13 @@ only, nothing is asserted):
    the ends of consecutive steps, from ``TimedStep``; the faster of two such jobs), which the
    ratio of 2 processes to 1 uses: the difference of two jobs' times carries the 1-2 s by which
    starting SDK workers varies. Throughput = rows per second of steps.
-2. DP-SGD, n = ``--n``, batch ``--batch-size``, ``--epochs`` epochs, trained as a user would
-   (``--epsilon 1``, private count) on each runner: wall time, jobs launched, input files opened
-   (a Beam counter), and the seconds spent in privacy accounting.
+2. Whole commands, as a user runs them: ``beam-dp train --epsilon 1`` (private count, default
+   flags) with DP-SGD (batch ``--batch-size``, ``--epochs`` epochs) and DP-GD on n = ``--n``
+   rows, on each runner (``cli.main`` in this process): wall time, the local runner's reading
+   of the files, privacy accounting, report.html, and the Beam jobs launched (kind and steps)
+   with their input file opens. Then the default command as a fresh process (imports
+   included), and scikit-learn's and diffprivlib's LogisticRegression on the same files as
+   fresh processes (imports, reading, fitting), where installed.
 3. The example job of docs/guide/command-line.md (``beam-dp make-data``, ``beam-dp train --epsilon 1``, default
    algorithm and runner): wall time and accounting share.
 4. Secure noise (exact integer sums and discrete Gaussian noise) against float noise: a
@@ -55,7 +59,6 @@ import time
 import numpy as np
 
 from beam_dp import accounting, data, losses, synthetic
-from beam_dp.algorithms import registry, spec
 from beam_dp.algorithms.base import TrainState
 from beam_dp.algorithms.gradient_step import NoisyGradientStep
 from beam_dp.block import Block
@@ -236,27 +239,116 @@ def external_runner(address: str):
     return lambda: FnApiRunner(default_environment=environments.ExternalEnvironment(address))
 
 
-def train_run(algorithm: str, make_aggregator, d: int, options: dict, seed: int) -> dict:
-    """A training run as ``beam_dp.train`` makes it (epsilon 1, private count), timed from the
-    aggregator's making (the local runner reads the files then), with the accounting caches
-    cleared first; the accounting seconds from ``accounting.STOPWATCH``: the driver's time in
-    accounting (the report's PLD, made in a background thread while the job trains, counts only
-    where the driver waits for it)."""
-    chosen = registry.get(algorithm)
-    problem = spec.Problem(LOSS, d, spec.Privacy(1.0, 1e-5, None, "pld", None, None),
-                           True, None, None, {"files": "benchmark"})
-    accounting.clear_caches()   # each run pays its own calibration, as in a fresh process
+class _Split:
+    """What one whole command spent where, measured in-process: the Beam jobs it launched (from
+    each aggregator's record: kind, steps, seconds, file opens), the local runner's reading of
+    the files (``data.load_blocks``), report.html (``report_html.build``) and privacy
+    accounting (``accounting.STOPWATCH``, the driver's time in it)."""
+
+    def __init__(self):
+        self.jobs, self.read, self.report = [], 0.0, 0.0
+
+    @contextlib.contextmanager
+    def watching(self):
+        from beam_dp import report_html
+        from beam_dp.beam import aggregator as beam_aggregator_module
+        aggregators = []
+        real_init = beam_aggregator_module.BeamAggregator.__init__
+        real_load, real_build = data.load_blocks, report_html.build
+
+        def init(agg, *args, **kwargs):
+            real_init(agg, *args, **kwargs)
+            aggregators.append(agg)
+
+        def timed(into):
+            def wrap(function):
+                def call(*args, **kwargs):
+                    t0 = time.perf_counter()
+                    try:
+                        return function(*args, **kwargs)
+                    finally:
+                        setattr(self, into, getattr(self, into) + time.perf_counter() - t0)
+                return call
+            return wrap
+
+        beam_aggregator_module.BeamAggregator.__init__ = init
+        data.load_blocks = timed("read")(real_load)
+        report_html.build = timed("report")(real_build)
+        try:
+            yield self
+        finally:
+            beam_aggregator_module.BeamAggregator.__init__ = real_init
+            data.load_blocks, report_html.build = real_load, real_build
+            self.jobs = [j for agg in aggregators for j in agg.jobs]
+
+
+def whole_command(argv: list[str]) -> dict:
+    """``beam-dp train ...`` as a user runs it, in this process (``cli.main``: its checks, the
+    private count and ranges, training, the quality check, model.json, the report), with the
+    accounting caches cleared first (each command pays its own calibration, as a fresh process
+    does); where its time went (``_Split``)."""
+    from beam_dp import cli
+    accounting.clear_caches()
     accounting.STOPWATCH.reset()
+    split = _Split()
+    with split.watching(), contextlib.redirect_stdout(io.StringIO()), \
+            contextlib.redirect_stderr(io.StringIO()):
+        t0 = time.perf_counter()
+        code = cli.main(argv)
+        wall = time.perf_counter() - t0
+    if code != 0:
+        raise RuntimeError(f"beam-dp {' '.join(map(str, argv))} exited {code}")
+    return {"wall": wall, "jobs": split.jobs, "read": split.read, "report": split.report,
+            "accounting": accounting.STOPWATCH.seconds or 0.0}
+
+
+def subprocess_seconds(argv: list[str], env: dict | None = None) -> float:
+    """Wall seconds of a fresh interpreter running ``argv`` (imports included)."""
     t0 = time.perf_counter()
-    aggregator = make_aggregator()
-    result = chosen.train(spec.make_options(chosen.options, options), problem, aggregator,
-                          seed, accounting.Ledger("pld", chosen.relation), lambda *a: None)
-    wall = time.perf_counter() - t0
-    jobs = getattr(aggregator, "jobs", [])
-    aggregator.close()
-    return {"wall": wall, "steps": result.steps, "jobs": [j["kind"] for j in jobs],
-            "opens": [j["file_opens"] for j in jobs],
-            "accounting": accounting.STOPWATCH.seconds}
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   env={**os.environ, **(env or {})})
+    return time.perf_counter() - t0
+
+
+PEER_SCRIPT = """
+import sys, glob, numpy as np, pyarrow.parquet as pq, pyarrow as pa
+peer, pattern, d = sys.argv[1], sys.argv[2], int(sys.argv[3])
+table = pa.concat_tables([pq.read_table(f) for f in sorted(glob.glob(pattern))])
+x = np.column_stack([table.column(f"f{j}").to_numpy() for j in range(d)])
+y = table.column("label").to_numpy()
+if peer == "sklearn":
+    from sklearn.linear_model import LogisticRegression
+    model = LogisticRegression(max_iter=200).fit(x, y)
+else:
+    from diffprivlib.models import LogisticRegression
+    model = LogisticRegression(epsilon=1.0, data_norm=float(np.sqrt(d)) * 4).fit(x, y)
+np.save(sys.argv[4], model.coef_)
+"""
+
+
+def peers(pattern: str, d: int, tmp: str) -> list[tuple[str, float | None]]:
+    """Whole-command seconds of scikit-learn's and diffprivlib's LogisticRegression on the same
+    files (a fresh interpreter: imports, reading the Parquet files, fitting, saving); None where
+    the package is not installed."""
+    import importlib.util
+    script = os.path.join(tmp, "peer.py")
+    with open(script, "w") as f:
+        f.write(PEER_SCRIPT)
+    out = []
+    for peer, module in (("sklearn", "sklearn"), ("diffprivlib", "diffprivlib")):
+        if importlib.util.find_spec(module) is None:
+            out.append((peer, None))
+            continue
+        out.append((peer, subprocess_seconds([sys.executable, script, peer, pattern, str(d),
+                                              os.path.join(tmp, f"{peer}.npy")])))
+    return out
+
+
+def _job_summary(jobs: list[dict]) -> str:
+    if not jobs:
+        return "none"
+    return "+".join(f"{j['kind']}({j['steps']})" for j in jobs) + \
+        f"; opens {_opens([j['file_opens'] for j in jobs])}"
 
 
 def readme_example(tmp: str) -> dict:
@@ -345,33 +437,48 @@ def main(argv=None) -> int:
             print(f"   => throughput of 2 worker processes / 1 (in job): {one / two:.2f} "
                   "(target >= 1.5)")
 
-        # ------------------------------------------------------------- 2. DP-SGD, a whole run
-        print(f"\n2. DP-SGD run, n={n:,}, batch {args.batch_size}, {args.epochs:g} epochs, --epsilon 1, "
-              "private count (as a user runs it)")
-        options = {"batch_size": args.batch_size, "epochs": args.epochs}
-        runs = [("--runner local (reading the files)", train_run("dpsgd", lambda: LocalAggregator(
-            data.load_blocks(files, "label", features(d), LOSS)), d, options, args.seed))]
-        runs.append(("Beam in-process (FnApiRunner)",
-                     train_run("dpsgd", lambda: beam_aggregator(files, d), d, options, args.seed)))
-        if not args.skip_portable:
-            with worker_pool() as address:
-                for workers in (1, 2):
-                    runs.append((f"worker pool, {workers} process(es)", train_run(
-                        "dpsgd", lambda: beam_aggregator(files, d, [f"--direct_num_workers={workers}"],
-                                                         external_runner(address)),
-                        d, options, args.seed)))
-        print(f"   {'runner':<44} {'wall s':>8} {'x local':>8} {'acct s':>7} {'acct %':>7}  steps, jobs, file opens per job")
-        base = runs[0][1]["wall"]
-        for name, r in runs:
-            acct = r["accounting"]
-            print(f"   {name:<44} {r['wall']:8.2f} {r['wall'] / base:8.2f} "
-                  f"{acct if acct is not None else float('nan'):7.2f} "
-                  f"{100 * acct / r['wall'] if acct is not None else float('nan'):6.1f}%  "
-                  f"{r['steps']}, {len(r['jobs'])} ({'+'.join(r['jobs']) or 'none'}), {_opens(r['opens'])}")
-        print(f"   => Beam in-process / local: {runs[1][1]['wall'] / base:.2f} (target <= 2); "
-              f"accounting share on local: "
-              + (f"{100 * base and 100 * runs[0][1]['accounting'] / base:.1f}% (target <= 10%)"
-                 if runs[0][1]["accounting"] is not None else "n/a"))
+        # ------------------------------------------------------------- 2. whole commands
+        pattern = os.path.join(tmp, "data", "train-*.parquet")
+        print(f"\n2. Whole commands (`beam-dp train --input ... --epsilon 1`, private count, default "
+              f"flags), n={n:,}, d={d}: DP-SGD batch {args.batch_size}, {args.epochs:g} epochs; "
+              "DP-GD with its default steps")
+        runners = [("local", ["--runner", "local"]), ("Beam in-process", ["--runner", "FnApiRunner"])]
+        pool = worker_pool() if not args.skip_portable else contextlib.nullcontext()
+        with pool as address:
+            if address:
+                runners.append(("worker pool, 1 process", [
+                    "--runner", "PortableRunner", "--job_endpoint", "embed", "--environment_type",
+                    "EXTERNAL", "--environment_config", address]))
+            print(f"   {'algorithm, runner':<34} {'wall s':>7} {'read':>6} {'acct':>6} {'acct %':>7} "
+                  f"{'report':>7}  jobs (kind(steps)), file opens per job")
+            whole = {}
+            for algorithm, extra in (("dpsgd", ["--batch-size", str(args.batch_size), "--epochs",
+                                                str(args.epochs)]), ("dpgd", [])):
+                for name, runner in runners:
+                    r = whole[algorithm, name] = whole_command(
+                        ["train", "--input", pattern, "--output", os.path.join(tmp, "out"),
+                         "--overwrite", "--epsilon", "1", "--algorithm", algorithm, *extra,
+                         *runner])
+                    print(f"   {algorithm + ', ' + name:<34} {r['wall']:7.2f} {r['read']:6.2f} "
+                          f"{r['accounting']:6.2f} {100 * r['accounting'] / r['wall']:6.1f}% "
+                          f"{r['report']:7.2f}  {_job_summary(r['jobs'])}")
+        local, beam = whole["dpsgd", "local"], whole["dpsgd", "Beam in-process"]
+        print(f"   => DP-SGD Beam in-process / local: {beam['wall'] / local['wall']:.2f}; "
+              f"accounting on local DP-SGD {100 * local['accounting'] / local['wall']:.1f}% "
+              f"(target <= 10%); report <= {max(r['report'] for r in whole.values()):.2f} s "
+              "(target <= 1 s)")
+        # A fresh process, as a user's shell starts it: imports included; and the peers.
+        command = [os.path.join(os.path.dirname(sys.executable), "beam-dp"), "train", "--input",
+                   pattern, "--output", os.path.join(tmp, "out"), "--overwrite", "--epsilon", "1",
+                   "--runner", "local"]
+        ours = subprocess_seconds(command)
+        imports = subprocess_seconds([sys.executable, "-c", "import beam_dp.cli"])
+        print(f"   as a fresh process: `beam-dp train --runner local` (default algorithm) "
+              f"{ours:.2f} s, of which importing beam_dp.cli {imports:.2f} s")
+        for peer, seconds in peers(pattern, d, tmp):
+            print(f"   {peer:<12} " + ("not installed" if seconds is None else
+                                      f"{seconds:.2f} s = {seconds / ours:.2f}x beam-dp's "
+                                      "(imports, read, fit; target >= 0.5x for scikit-learn)"))
 
         # ------------------------------------------------------------- 3. the docs' example job
         if not args.skip_example:
