@@ -607,12 +607,28 @@ def load_blocks(files: Sequence[str], label_column: str | None, feature_columns:
                 opener: Callable[[str], BinaryIO] = open_input) -> list[Block]:
     """Every block of ``files``, in-process (``opener``: where the files are read from, e.g. a
     DataFrame's in-memory file, ``beam_dp.frames``)."""
-    blocks = [b for shard in plan_shards(files, batch_rows, opener)
-              for b in blocks_from_shard(shard, label_column, feature_columns, loss, batch_rows,
-                                         opener, encoding=encoding, user_column=user_column)]
+    blocks = []
+    for shard in plan_shards(files, batch_rows, opener):
+        blocks.extend(blocks_from_shard(shard, label_column, feature_columns, loss, batch_rows,
+                                        opener, encoding=encoding, user_column=user_column))
+        release_read_memory()   # after each shard: the peak is then the blocks and one shard
     if not blocks:
         raise DataError(f"{', '.join(files)}: the input has no rows")
     return blocks
+
+
+def release_read_memory() -> None:
+    """Hands back to the system what reading left free but held: Arrow's memory pool (mimalloc)
+    keeps the decoded pages of every file, and glibc the per-column buffers. Measured on a
+    10^6 x 50 table (381 MB of features, 4 files): 806 MB resident after reading, 599 MB after
+    Arrow's release, 507 MB after glibc's trim as well; released after each file, the peak
+    while reading fell from 925 MB to ~600 MB."""
+    pa.default_memory_pool().release_unused()
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):   # not glibc: nothing to trim
+        pass
 
 
 def write_table(path: str, columns: dict[str, np.ndarray]) -> None:
