@@ -58,7 +58,8 @@ import time
 
 import numpy as np
 
-from beam_dp import accounting, data, losses, synthetic
+from beam_dp import accounting, batches, data, losses, synthetic
+from beam_dp.algorithms import base
 from beam_dp.algorithms.base import TrainState
 from beam_dp.algorithms.gradient_step import NoisyGradientStep
 from beam_dp.block import Block
@@ -246,7 +247,7 @@ class _Split:
     accounting (``accounting.STOPWATCH``, the driver's time in it)."""
 
     def __init__(self):
-        self.jobs, self.read, self.report = [], 0.0, 0.0
+        self.jobs, self.read, self.report, self.sample, self.step = [], 0.0, 0.0, 0.0, 0.0
 
     @contextlib.contextmanager
     def watching(self):
@@ -271,14 +272,18 @@ class _Split:
                 return call
             return wrap
 
+        real_get, real_step = batches.LocalBatches.get, base.run_step
         beam_aggregator_module.BeamAggregator.__init__ = init
         data.load_blocks = timed("read")(real_load)
         report_html.build = timed("report")(real_build)
+        batches.LocalBatches.get = timed("sample")(real_get)
+        base.run_step = timed("step")(real_step)
         try:
             yield self
         finally:
             beam_aggregator_module.BeamAggregator.__init__ = real_init
             data.load_blocks, report_html.build = real_load, real_build
+            batches.LocalBatches.get, base.run_step = real_get, real_step
             self.jobs = [j for agg in aggregators for j in agg.jobs]
 
 
@@ -290,15 +295,17 @@ def whole_command(argv: list[str]) -> dict:
     from beam_dp import cli
     accounting.clear_caches()
     accounting.STOPWATCH.reset()
-    split = _Split()
+    split, err = _Split(), io.StringIO()
     with split.watching(), contextlib.redirect_stdout(io.StringIO()), \
-            contextlib.redirect_stderr(io.StringIO()):
+            contextlib.redirect_stderr(err):
         t0 = time.perf_counter()
         code = cli.main(argv)
         wall = time.perf_counter() - t0
     if code != 0:
-        raise RuntimeError(f"beam-dp {' '.join(map(str, argv))} exited {code}")
+        raise RuntimeError(f"beam-dp {' '.join(map(str, argv))} exited {code}: "
+                           f"{err.getvalue()[-2000:]}")
     return {"wall": wall, "jobs": split.jobs, "read": split.read, "report": split.report,
+            "sample": split.sample, "step": split.step,
             "accounting": accounting.STOPWATCH.seconds or 0.0}
 
 
@@ -448,7 +455,8 @@ def main(argv=None) -> int:
             if address:
                 runners.append(("worker pool, 1 process", [
                     "--runner", "PortableRunner", "--job_endpoint", "embed", "--environment_type",
-                    "EXTERNAL", "--environment_config", address]))
+                    "EXTERNAL", "--environment_config", address,
+                    "--temp_location", os.path.join(tmp, "beam-temp")]))
             print(f"   {'algorithm, runner':<34} {'wall s':>7} {'read':>6} {'acct':>6} {'acct %':>7} "
                   f"{'report':>7}  jobs (kind(steps)), file opens per job")
             whole = {}
@@ -463,6 +471,10 @@ def main(argv=None) -> int:
                           f"{r['accounting']:6.2f} {100 * r['accounting'] / r['wall']:6.1f}% "
                           f"{r['report']:7.2f}  {_job_summary(r['jobs'])}")
         local, beam = whole["dpsgd", "local"], whole["dpsgd", "Beam in-process"]
+        print(f"   local DP-SGD's steps: drawing and gathering each batch {local['sample']:.2f} s, "
+              f"the clipped sums and updates {local['step']:.2f} s: sampling "
+              f"{100 * local['sample'] / (local['sample'] + local['step']):.0f}% of the step time "
+              "(target <= 20%)")
         print(f"   => DP-SGD Beam in-process / local: {beam['wall'] / local['wall']:.2f}; "
               f"accounting on local DP-SGD {100 * local['accounting'] / local['wall']:.1f}% "
               f"(target <= 10%); report <= {max(r['report'] for r in whole.values()):.2f} s "
