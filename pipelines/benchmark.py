@@ -24,11 +24,13 @@ only, nothing is asserted):
    of the files, privacy accounting, report.html, and the Beam jobs launched (kind and steps)
    with their input file opens. Then the default command as a fresh process (imports
    included), and scikit-learn's and diffprivlib's LogisticRegression on the same files as
-   fresh processes (imports, reading, fitting), where installed.
+   fresh processes (imports, reading, fitting), where installed, on ``--peer-n`` rows.
 3. The example job of docs/guide/command-line.md (``beam-dp make-data``, ``beam-dp train --epsilon 1``, default
    algorithm and runner): wall time and accounting share.
 4. Secure noise (exact integer sums and discrete Gaussian noise) against float noise: a
    full-batch DP-GD step at n = ``--secure-n``, d = ``--secure-d`` on ``--runner local``.
+5. Memory (``--skip-memory``): the peak resident memory of a local DP-SGD command as a fresh
+   process on n x d and on a wide table (``--wide``), over the same command's on 1,000 rows.
 
 ``--skip-portable`` leaves out the worker pool rows (they start processes and take a minute).
 Per-step figures are differences of job times: at small sizes or few steps a job's fixed cost
@@ -93,6 +95,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--secure-n", type=int, default=2000, help="examples (section 4)")
     p.add_argument("--secure-d", type=int, default=10_000, help="features (section 4)")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic data and the runs")
+    p.add_argument("--peer-n", type=int, default=200_000,
+                   help="examples of the fresh-process comparison with scikit-learn (section 2)")
+    p.add_argument("--skip-memory", action="store_true", help="no memory rows (section 5)")
+    p.add_argument("--wide", default="20000x10000",
+                   help="rows x columns of section 5's wide table (1.6 GB at the default)")
     args = p.parse_args(argv)
     if min(args.n, args.d, args.shards, args.batch_size, args.portable_n, args.steps) < 1:
         p.error("sizes and --steps must be positive")
@@ -351,6 +358,29 @@ def peers(pattern: str, d: int, tmp: str) -> list[tuple[str, float | None]]:
     return out
 
 
+# VmHWM, not getrusage's ru_maxrss: Linux keeps a process's maxrss across exec, so a child of
+# this (large) process would report this process's peak.
+PEAK_SCRIPT = """
+import sys
+from beam_dp import cli
+code = cli.main(sys.argv[1:])
+with open("/proc/self/status") as f:
+    print(next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024)
+sys.exit(code)
+"""
+
+
+def peak_mib(files: list[str]) -> float:
+    """Peak resident MiB of a fresh process running a local one-epoch DP-SGD command."""
+    pattern = os.path.join(os.path.dirname(files[0]), "train-*.parquet")
+    out = os.path.join(os.path.dirname(files[0]), "out")
+    done = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, "train", "--input", pattern,
+                           "--output", out, "--overwrite", "--epsilon", "1", "--runner", "local",
+                           "--algorithm", "dpsgd", "--epochs", "1"],
+                          check=True, capture_output=True, text=True)
+    return float(done.stdout.strip().splitlines()[-1])
+
+
 def _job_summary(jobs: list[dict]) -> str:
     if not jobs:
         return "none"
@@ -480,14 +510,16 @@ def main(argv=None) -> int:
               f"(target <= 10%); report <= {max(r['report'] for r in whole.values()):.2f} s "
               "(target <= 1 s)")
         # A fresh process, as a user's shell starts it: imports included; and the peers.
+        peer_files = write_data(os.path.join(tmp, "peer-data"), args.peer_n, d, args.shards,
+                                args.seed)
+        peer_pattern = os.path.join(os.path.dirname(peer_files[0]), "train-*.parquet")
         command = [os.path.join(os.path.dirname(sys.executable), "beam-dp"), "train", "--input",
-                   pattern, "--output", os.path.join(tmp, "out"), "--overwrite", "--epsilon", "1",
-                   "--runner", "local"]
+                   peer_pattern, "--output", os.path.join(tmp, "out"), "--overwrite",
+                   "--epsilon", "1", "--runner", "local"]
         ours = subprocess_seconds(command)
-        imports = subprocess_seconds([sys.executable, "-c", "import beam_dp.cli"])
-        print(f"   as a fresh process: `beam-dp train --runner local` (default algorithm) "
-              f"{ours:.2f} s, of which importing beam_dp.cli {imports:.2f} s")
-        for peer, seconds in peers(pattern, d, tmp):
+        print(f"\n   n={args.peer_n:,}, fresh processes: `beam-dp train --runner local --epsilon 1` "
+              f"(default algorithm) {ours:.2f} s")
+        for peer, seconds in peers(peer_pattern, d, tmp):
             print(f"   {peer:<12} " + ("not installed" if seconds is None else
                                       f"{seconds:.2f} s = {seconds / ours:.2f}x beam-dp's "
                                       "(imports, read, fit; target >= 0.5x for scikit-learn)"))
@@ -516,6 +548,27 @@ def main(argv=None) -> int:
                                         repeats=2)["step"]
                 print(f"   {noise:<44} {timed[noise] * 1e3:9.2f} {timed[noise] / timed['float']:8.2f}")
             print(f"   => secure / float: {timed['secure'] / timed['float']:.2f} (target <= 1.2)")
+        # ------------------------------------------------------------- 5. memory
+        if not args.skip_memory:
+            rows, cols = (int(v) for v in args.wide.split("x"))
+            print("\n5. Peak memory of `beam-dp train --runner local --epsilon 1 --algorithm dpsgd "
+                  "--epochs 1` as a fresh process, over the same command's on 1,000 rows (the "
+                  "imports), against the features' float64 bytes (target <= 1.5x)")
+            tables = [(n, d, write_data(os.path.join(tmp, "memory-n"), n, d, args.shards,
+                                        args.seed)),
+                      (rows, cols, write_data(os.path.join(tmp, "memory-wide"), rows, cols, 1,
+                                              args.seed))]
+            small = write_data(os.path.join(tmp, "memory-small"), 1000, d, 1, args.seed)
+            base = peak_mib(small)
+            for rows_, cols_, files_ in tables:
+                peak = peak_mib(files_)
+                features_mib = rows_ * cols_ * 8 / 2 ** 20
+                print(f"   {rows_:,} x {cols_:,} ({features_mib:,.0f} MiB): peak {peak:,.0f} MiB, "
+                      f"imports {base:,.0f} MiB: {(peak - base) / features_mib:.2f}x")
+                if cols_ != d:
+                    for f in files_:
+                        os.remove(f)
+
         print(f"\nload average at the end {os.getloadavg()[0]:.2f} (figures from a loaded machine are noisy)")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -371,3 +371,20 @@ def test_a_check_released_for_another_model_is_a_bug_never_a_second_release(monk
     x, y = _binary(2000)
     with pytest.raises(RuntimeError, match="another model"):
         beam_dp.train(x, y, epsilon=1.0, seed=0, algorithm="dpgd")
+
+
+def test_a_run_resumed_after_its_last_job_finds_the_check_in_its_checkpoint(tmp_path, monkeypatch):
+    # The driver died after the last job (which held the check) and before quality.json was
+    # written: the checkpoint holds the check's release with the state, so the resumed run
+    # releases nothing again (no stage runs) and reports the same check.
+    from beam_dp.local import LocalAggregator
+    x, y = _binary(2000)
+    first, _ = _train(x, y, epsilon=1.0, seed=0, checkpoint_dir=str(tmp_path / "ck"))
+    os.remove(tmp_path / "ck" / quality.SAVED)
+    ran = []
+    real = LocalAggregator.run_stages
+    monkeypatch.setattr(LocalAggregator, "run_stages",
+                        lambda self, stages, state: ran.append(len(stages)) or real(self, stages, state))
+    again, _ = _train(x, y, epsilon=1.0, seed=0, checkpoint_dir=str(tmp_path / "ck"))
+    assert ran == []
+    assert again.privacy_report["quality_check"] == first.privacy_report["quality_check"]

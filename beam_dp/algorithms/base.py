@@ -125,8 +125,14 @@ def save_checkpoint(directory: str, state: TrainState, config: dict, plan: dict)
     """Writes the state and the public plan as one file, atomically on every file system
     (``storage.write_bytes``: the old checkpoint or the new one, never a part)."""
     buffer = io.BytesIO()
+    # The final stage's release (the last job's quality check: noisy sums and the model they
+    # are of) is kept with the state that made it, so that a run resumed once its last job ran
+    # finds it here rather than release it again.
+    final = ({k: np.asarray(v).tolist() for k, v in state.final.items()}
+             if isinstance(state.final, dict) else None)
     np.savez(buffer, theta=state.theta, theta_sum=state.theta_sum, step=state.step,
-             config=json.dumps(config, sort_keys=True), plan=json.dumps(plan, sort_keys=True))
+             config=json.dumps(config, sort_keys=True), plan=json.dumps(plan, sort_keys=True),
+             final=json.dumps(final))
     storage.write_bytes(storage.join(directory, CHECKPOINT_FILE), buffer.getvalue())
 
 
@@ -144,7 +150,10 @@ def load_checkpoint(directory: str, config: dict) -> tuple[TrainState, dict] | N
     try:
         with np.load(io.BytesIO(content)) as z:
             saved = json.loads(str(z["config"]))
-            state = TrainState(z["theta"], z["theta_sum"], int(z["step"]))
+            final = json.loads(str(z["final"])) if "final" in z.files else None
+            state = TrainState(z["theta"], z["theta_sum"], int(z["step"]),
+                               None if final is None else {k: np.asarray(v, dtype=np.float64)
+                                                           for k, v in final.items()})
             plan = json.loads(str(z["plan"]))
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
         raise CorruptCheckpoint(

@@ -294,7 +294,7 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
                         target_quantile=config.adaptive_clip_quantile,
                         clip_rate=config.adaptive_clip_rate)
         released = tuple(plan.get("clip_norms", ()))   # a resumed run's, from its checkpoint
-        state = AdaptiveClipState(state.theta, state.theta_sum, state.step,
+        state = AdaptiveClipState(state.theta, state.theta_sum, state.step, state.final,
                                   clip_norm=released[-1] if released else clip_norm,
                                   clip_norms=released)
     step_fn = step_class(
