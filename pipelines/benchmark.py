@@ -60,7 +60,7 @@ import time
 
 import numpy as np
 
-from beam_dp import accounting, batches, data, losses, synthetic
+from beam_dp import accounting, batches, data, losses, sampling, synthetic
 from beam_dp.algorithms import base
 from beam_dp.algorithms.base import TrainState
 from beam_dp.algorithms.gradient_step import NoisyGradientStep
@@ -255,6 +255,7 @@ class _Split:
 
     def __init__(self):
         self.jobs, self.read, self.report, self.sample, self.step = [], 0.0, 0.0, 0.0, 0.0
+        self.draw = 0.0
 
     @contextlib.contextmanager
     def watching(self):
@@ -280,6 +281,8 @@ class _Split:
             return wrap
 
         real_get, real_step = batches.LocalBatches.get, base.run_step
+        real_draw = sampling.PoissonSampler.chunk_rows
+        sampling.PoissonSampler.chunk_rows = timed("draw")(real_draw)
         beam_aggregator_module.BeamAggregator.__init__ = init
         data.load_blocks = timed("read")(real_load)
         report_html.build = timed("report")(real_build)
@@ -291,6 +294,7 @@ class _Split:
             beam_aggregator_module.BeamAggregator.__init__ = real_init
             data.load_blocks, report_html.build = real_load, real_build
             batches.LocalBatches.get, base.run_step = real_get, real_step
+            sampling.PoissonSampler.chunk_rows = real_draw
             self.jobs = [j for agg in aggregators for j in agg.jobs]
 
 
@@ -312,7 +316,7 @@ def whole_command(argv: list[str]) -> dict:
         raise RuntimeError(f"beam-dp {' '.join(map(str, argv))} exited {code}: "
                            f"{err.getvalue()[-2000:]}")
     return {"wall": wall, "jobs": split.jobs, "read": split.read, "report": split.report,
-            "sample": split.sample, "step": split.step,
+            "sample": split.sample, "step": split.step, "draw": split.draw,
             "accounting": accounting.STOPWATCH.seconds or 0.0}
 
 
@@ -501,10 +505,11 @@ def main(argv=None) -> int:
                           f"{r['accounting']:6.2f} {100 * r['accounting'] / r['wall']:6.1f}% "
                           f"{r['report']:7.2f}  {_job_summary(r['jobs'])}")
         local, beam = whole["dpsgd", "local"], whole["dpsgd", "Beam in-process"]
-        print(f"   local DP-SGD's steps: drawing and gathering each batch {local['sample']:.2f} s, "
-              f"the clipped sums and updates {local['step']:.2f} s: sampling "
-              f"{100 * local['sample'] / (local['sample'] + local['step']):.0f}% of the step time "
-              "(target <= 20%)")
+        steps = local["sample"] + local["step"]
+        print(f"   local DP-SGD's steps {steps:.2f} s: drawing the Poisson samples "
+              f"{local['draw']:.2f} s ({100 * local['draw'] / steps:.0f}%; target <= 20%), "
+              f"gathering their rows {local['sample'] - local['draw']:.2f} s, the clipped sums "
+              f"and updates {local['step']:.2f} s")
         print(f"   => DP-SGD Beam in-process / local: {beam['wall'] / local['wall']:.2f}; "
               f"accounting on local DP-SGD {100 * local['accounting'] / local['wall']:.1f}% "
               f"(target <= 10%); report <= {max(r['report'] for r in whole.values()):.2f} s "
