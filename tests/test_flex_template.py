@@ -68,7 +68,7 @@ def service(gcs_server):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm, flags, jobs", [
-    ("dpgd", "--steps 6 --steps-per-job 3", ["stages-3", "stages-3", "stages-1"]),
+    ("dpgd", "--steps 6 --steps-per-job 3", ["stages-3", "stages-4"]),   # (the check in the last)
     ("dpsgd", "--steps 40 --batch-size 64", ["batches-40", "stages-1"]),
 ])
 def test_template_launches_train_to_the_end_and_match_a_local_run(gcs_server, service, cli,
