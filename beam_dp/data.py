@@ -455,10 +455,10 @@ def _parse_csv_batch(path: str, batch: pa.RecordBatch, row_start: int,
 
 def _row_major(path: str, batch, names: Sequence[str], out: np.ndarray | None = None) -> np.ndarray:
     """The columns ``names`` of ``batch`` (a record batch or table) as one (m, d) float64 array,
-    rows contiguous (written into ``out`` if given). Copied
-    a group of columns at a time through a (group, m) buffer: written one by one, a column's
-    stores land a row (8 d bytes) apart, a page apart on a wide table (4.1 s of 7.8 s reading a
-    20,000 x 10,000 table; np.stack of 64 columns 3.1 s, this ~1 s)."""
+    rows contiguous (written into ``out`` if given). Copied a group of columns at a time
+    through a (group, m) buffer: written one by one, a column's stores land a row (8 d bytes)
+    apart, a page apart on a wide table (4.1 s of 7.8 s reading a 20,000 x 10,000 table;
+    np.stack of 64 columns 3.1 s, this ~1 s)."""
     m = batch.num_rows
     features = np.empty((m, len(names)), dtype=np.float64) if out is None else out
     width = int(min(128, max(8, (32 << 20) // max(1, 8 * m))))   # a buffer of <= ~32 MB
