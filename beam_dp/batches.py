@@ -80,9 +80,13 @@ def assemble(pieces: Iterable[Block]) -> list[Block]:
     """A step's batch from its pieces: one Block per tag, in tag order; within a tag the pieces
     in (file, first row) order."""
     by_tag: dict[int, list[Block]] = {}
-    for piece in sorted(pieces, key=lambda b: (b.tag, b.source, b.row_start)):
+    for piece in sorted(pieces, key=_batch_order):
         by_tag.setdefault(piece.tag, []).append(piece)
     return [_join(tag, parts) for tag, parts in by_tag.items()]
+
+
+def _batch_order(block: Block) -> tuple:
+    return block.tag, block.source, block.row_start
 
 
 def _join(tag: int, parts: Sequence[Block]) -> Block:
@@ -100,7 +104,7 @@ class LocalBatches:
     def __init__(self, blocks: Sequence[Block], plan):
         self.blocks, self.plan = list(blocks), plan
         # assemble's order, so that the pieces below come out already in it
-        self._ordered = sorted(self.blocks, key=lambda b: (b.tag, b.source, b.row_start))
+        self._ordered = sorted(self.blocks, key=_batch_order)
         self._chunk, self._draws = None, []
 
     def get(self, step: int) -> list[Block]:

@@ -15,7 +15,6 @@ counted by a Beam metric) for the benchmark.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import gc
 import hashlib
 import io
@@ -183,10 +182,7 @@ def _release_job_memory() -> None:
     if resident is not None and resident - _collected_at[0] < COLLECT_AFTER_GROWTH:
         return
     gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):   # not glibc: nothing to trim
-        pass
+    data.release_free_memory()
     _collected_at[0] = _resident_bytes() or 0
 
 

@@ -192,20 +192,19 @@ def exact_exponential_mechanism(generator: np.random.Generator, utilities: list,
     # The audit's broken-build hook (mechanisms.NOISE_SCALE_FOR_TESTS) scales the Gumbel noise of
     # the float sampler; here it scales epsilon by its inverse, the same law.
     scaled = Fraction(epsilon) / Fraction(mechanisms.NOISE_SCALE_FOR_TESTS)
-    if isinstance(utilities, RationalUtilities):
-        # gamma_i = scaled (top - u_i) / 2 = a (T - N_i) / b over the utilities' common
-        # denominator, in integers (the coins reduce it: the draws of the Fraction form)
-        numerators, size = utilities.numerators, len(utilities)
-        best = max(numerators)
-        a, b = scaled.numerator, scaled.denominator * utilities.denominator * 2
-        while True:
-            i = _uniform_below(generator, size)
-            if _bernoulli_exp_ratio(generator, a * (best - numerators[i]), b):
-                return i
-    top = max(utilities)
-    while True:   # gamma_i only for the candidates drawn: the same draws, without G rationals
-        i = _uniform_below(generator, len(utilities))
-        if bernoulli_exp(generator, scaled * (top - utilities[i]) / 2):
+    if not isinstance(utilities, RationalUtilities):   # (rationals given one by one)
+        fractions = [Fraction(u) for u in utilities]
+        denominator = math.lcm(*(f.denominator for f in fractions))
+        utilities = RationalUtilities([f.numerator * (denominator // f.denominator)
+                                       for f in fractions], denominator)
+    # gamma_i = scaled (top - u_i) / 2 = a (T - N_i) / b over the utilities' common denominator,
+    # in integers (each coin reduces it: the draws of the Fraction form, in a tenth the time)
+    numerators, size = utilities.numerators, len(utilities)
+    best = max(numerators)
+    a, b = scaled.numerator, scaled.denominator * utilities.denominator * 2
+    while True:   # gamma_i only for the candidates drawn
+        i = _uniform_below(generator, size)
+        if _bernoulli_exp_ratio(generator, a * (best - numerators[i]), b):
             return i
 
 
