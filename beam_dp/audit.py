@@ -385,8 +385,9 @@ class _CanaryAggregator:
     def steps_per_job(self, stage, remaining: int, state=None) -> int:
         return self.inner.steps_per_job(stage, remaining, state)
 
-    def step_batches(self, plan, steps: int, resume=None, keep: bool = False):
-        return self.inner.step_batches(plan, steps, resume, keep)
+    def step_batches(self, plan, steps: int, resume=None, keep: bool = False,
+                     every_row: bool = False):
+        return self.inner.step_batches(plan, steps, resume, keep, every_row)
 
     def close(self) -> None:
         self.inner.close()

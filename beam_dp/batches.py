@@ -20,6 +20,12 @@ batch per piece with columns ``features`` (a fixed-size list of d float64), ``la
 and ``tag``; an index (JSON) names the group's piece files in shard order. The index is written
 from the job's shuffle, so it names only the pieces of committed work, never those of a failed
 and retried attempt.
+
+A run that makes a final pass over the model it trained (the quality check, ``base.FinalStage``)
+asks for *every row* as well: the batch job then also writes each shard's blocks whole, as one
+more group after the steps' (``rows_group``), so that the pass runs on the driver from these
+files rather than in a job of its own that reads the input again (issue 33: a DP-SGD run is then
+one job fewer).
 """
 from __future__ import annotations
 
@@ -129,6 +135,10 @@ class LocalBatches:
     def __enter__(self):
         return self
 
+    def every_row(self) -> Iterator[Block]:
+        """The input's blocks, each once (for a pass after the steps, e.g. the quality check)."""
+        return iter(self.blocks)
+
     def __exit__(self, *exc):
         return False
 
@@ -148,6 +158,12 @@ def pieces_name(group: int, shard: int, attempt: str) -> str:
 
 def index_name(group: int) -> str:
     return f"batches-{group:06d}.json"
+
+
+def rows_group(steps: int, steps_per_file: int) -> int:
+    """The group after the steps' groups, which holds every row once when a run asks for them
+    (its pieces are numbered ``steps``, a step no batch has)."""
+    return -(-steps // steps_per_file)
 
 
 PIECES_PATTERN, INDEX_PATTERN = "pieces-*.arrow", "batches-*.json"
@@ -214,6 +230,7 @@ class Manifest:
     steps: int
     steps_per_file: int
     files: list
+    every_row: bool = False   # the job also wrote every row once (``rows_group``)
 
     def dumps(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -245,6 +262,16 @@ class FileBatches:
                     self._steps.setdefault(s, {}).setdefault(tag, []).append((features, labels))
             self._group = group
         return [_join_arrays(tag, parts) for tag, parts in sorted(self._steps.get(step, {}).items())]
+
+    def every_row(self) -> Iterator[Block]:
+        """Every row of the input once, a shard's block at a time (one piece file in memory),
+        in the job's shard and block order; only from a job that wrote them."""
+        if not self.manifest.every_row:
+            raise ValueError("this batch job did not write every row")
+        name = index_name(rows_group(self.manifest.steps, self.manifest.steps_per_file))
+        for piece_file in (json.loads(self.read(name)) if name in self.manifest.files else []):
+            for _, tag, features, labels in read_pieces(self.read(piece_file)):
+                yield _join_arrays(tag, [(features, labels)])
 
 
 def _gather(tag: int, parts: list) -> Block:

@@ -31,8 +31,10 @@ class LocalAggregator:
     def steps_per_job(self, stage: Stage, remaining: int, state=None) -> int:
         return STEPS_PER_REPORT
 
-    def step_batches(self, plan, steps: int, resume: str | None = None, keep: bool = False):
-        """Each step's batch, drawn when the step asks for it (nothing is written)."""
+    def step_batches(self, plan, steps: int, resume: str | None = None, keep: bool = False,
+                     every_row: bool = False):
+        """Each step's batch, drawn when the step asks for it (nothing is written; every row is
+        at hand either way)."""
         return LocalBatches(self.blocks, plan)
 
     def close(self) -> None:

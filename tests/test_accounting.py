@@ -188,9 +188,9 @@ class SpyAggregator(LocalAggregator):
         self.chunks.append(len(stages))
         return super().run_stages(stages, state)
 
-    def step_batches(self, plan, steps, resume=None, keep=False):
+    def step_batches(self, plan, steps, resume=None, keep=False, every_row=False):
         self.plans.append((plan, steps))
-        batches = super().step_batches(plan, steps, resume, keep)
+        batches = super().step_batches(plan, steps, resume, keep, every_row)
         get = batches.get
 
         def spy(step):

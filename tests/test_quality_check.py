@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import beam_dp
+from beam_dp.beam.aggregator import BeamAggregator
 from beam_dp import api, cli, losses, quality, synthetic
 from beam_dp.cli.exit_codes import EXIT_QUALITY
 from beam_dp.algorithms import noisy_gd, registry
@@ -331,16 +332,31 @@ def test_the_checks_options_with_the_check_off_are_refused_not_dropped():
     dict(kind="binary", kwargs={}),                                  # averaged iterates
     dict(kind="binary", kwargs={"algorithm": "dpgd", "average_iterates": False}),
     dict(kind="regression", kwargs={"model": "linear", "scale_features": "private"}),
+    # Poisson DP-SGD: over every row once more, which the batch job writes with the batches
+    dict(kind="binary", kwargs={"algorithm": "dpsgd", "batch_size": 2000}),
+    dict(kind="binary", kwargs={"algorithm": "dpsgd", "batch_size": 2000,
+                                "runner": "FnApiRunner"}),
 ])
-def test_the_check_in_the_last_training_job_releases_what_its_own_job_did(monkeypatch, case):
-    """Full-batch runs sum the check in their last job (``base.FinalStage``): the same model
-    (the averaged or last iterate, a scaled label's coefficients in its units), the same noise,
-    so the same release as the job of its own it replaced, to the bit."""
+def test_the_check_in_the_last_training_job_releases_what_its_own_job_did(monkeypatch, tmp_path,
+                                                                          case):
+    """Full-batch runs sum the check in their last job (``base.FinalStage``), DP-SGD on the
+    driver from the batch job's files: the same model (the averaged or last iterate, a scaled
+    label's coefficients in its units), the same noise, so the same release as the job of its
+    own it replaced, to the bit."""
     x, y = synthetic.make_dataset(case["kind"], 20_000, 4, 7)
     if case["kind"] == "regression":
         y = 3.0 * y + 5.0   # off the unit scale: the label's released range maps it
-    kwargs = dict(epsilon=1.0, seed=11, steps=60, **case["kwargs"])   # (equality, not accuracy)
+    steps = {} if case["kwargs"].get("algorithm") == "dpsgd" else {"steps": 60}
+    kwargs = dict(epsilon=1.0, seed=11, **steps, **case["kwargs"])   # (equality, not accuracy)
+    jobs = []
+    if "runner" in kwargs:   # files, and the jobs each run launches
+        synthetic.write_shards(str(tmp_path), "train", x, y, 3)
+        x, y, kwargs["input"] = None, None, str(tmp_path / "train-*.parquet")
+        real_run = BeamAggregator._run
+        monkeypatch.setattr(BeamAggregator, "_run", lambda self, kind, *a, **kw: (
+            jobs.append(kind), real_run(self, kind, *a, **kw))[1])
     fused, _ = _train(x, y, **kwargs)
+    fused_jobs, jobs[:] = list(jobs), []
     ran = []
     original = noisy_gd.train
 
@@ -351,6 +367,8 @@ def test_the_check_in_the_last_training_job_releases_what_its_own_job_did(monkey
     monkeypatch.setattr(noisy_gd, "train", own_job)
     separate, _ = _train(x, y, **kwargs)
     assert ran == [True]
+    if jobs:   # (the count is the footers'; 4 columns' private ranges are a job)
+        assert fused_jobs == ["stages", "batches"] and jobs == fused_jobs + ["stages"]
     np.testing.assert_array_equal(fused.theta, separate.theta)
     a, b = fused.privacy_report["quality_check"], separate.privacy_report["quality_check"]
     assert a == b and a["status"] == "better"
@@ -373,18 +391,22 @@ def test_a_check_released_for_another_model_is_a_bug_never_a_second_release(monk
         beam_dp.train(x, y, epsilon=1.0, seed=0, algorithm="dpgd")
 
 
-def test_a_run_resumed_after_its_last_job_finds_the_check_in_its_checkpoint(tmp_path, monkeypatch):
+@pytest.mark.parametrize("algorithm", ["dpgd", "dpsgd"])
+def test_a_run_resumed_after_its_last_job_finds_the_check_in_its_checkpoint(tmp_path, monkeypatch,
+                                                                            algorithm):
     # The driver died after the last job (which held the check) and before quality.json was
     # written: the checkpoint holds the check's release with the state, so the resumed run
     # releases nothing again (no stage runs) and reports the same check.
     from beam_dp.local import LocalAggregator
     x, y = _binary(2000)
-    first, _ = _train(x, y, epsilon=1.0, seed=0, checkpoint_dir=str(tmp_path / "ck"))
+    first, _ = _train(x, y, epsilon=1.0, seed=0, checkpoint_dir=str(tmp_path / "ck"),
+                      algorithm=algorithm)
     os.remove(tmp_path / "ck" / quality.SAVED)
     ran = []
     real = LocalAggregator.run_stages
     monkeypatch.setattr(LocalAggregator, "run_stages",
                         lambda self, stages, state: ran.append(len(stages)) or real(self, stages, state))
-    again, _ = _train(x, y, epsilon=1.0, seed=0, checkpoint_dir=str(tmp_path / "ck"))
+    again, _ = _train(x, y, epsilon=1.0, seed=0, checkpoint_dir=str(tmp_path / "ck"),
+                      algorithm=algorithm)
     assert ran == []
     assert again.privacy_report["quality_check"] == first.privacy_report["quality_check"]

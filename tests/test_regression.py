@@ -82,10 +82,10 @@ class _Recording(LocalAggregator):
             self.log.append((stage, state))
         return state
 
-    def step_batches(self, plan, steps, resume=None, keep=False):
+    def step_batches(self, plan, steps, resume=None, keep=False, every_row=False):
         """Steps over batches fixed in advance run on the driver (``base.run_step``): logged
         while their batches are open."""
-        aggregator, batches, run_step = self, super().step_batches(plan, steps), base.run_step
+        aggregator, batches, run_step = self, super().step_batches(plan, steps, every_row=every_row), base.run_step
 
         def spy(step_fn, batch, state):
             state = run_step(step_fn, batch, state)
@@ -94,7 +94,7 @@ class _Recording(LocalAggregator):
 
         class Logged:
             location = None
-            get = batches.get
+            get, every_row = batches.get, batches.every_row
 
             def __enter__(self):
                 self.patch = mock.patch.object(base, "run_step", spy)

@@ -27,7 +27,7 @@ import io
 import json
 import math
 import zipfile
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -54,11 +54,12 @@ class TrainState:
 
 @dataclasses.dataclass
 class FinalStage:
-    """A stage over the trained model, run by ``run_chunks`` in the last training job rather than
-    a job of its own (issue 33: one job less per run; the private quality check). ``inner``
-    sums over the rows with ``to_state(model)`` as its state, where ``model = model_of(train
-    state)`` is the model as the algorithm outputs it; its release (``inner.apply``'s) goes to
-    the TrainState's ``final``."""
+    """A stage over the trained model, run by ``run_chunks`` in the last training job (or on the
+    driver, over every row the batch job wrote, after steps over batches fixed in advance)
+    rather than a job of its own (issue 33: one job less per run; the private quality check).
+    ``inner`` sums over the rows with ``to_state(model)`` as its state, where ``model =
+    model_of(train state)`` is the model as the algorithm outputs it; its release
+    (``inner.apply``'s) goes to the TrainState's ``final``."""
 
     inner: object
     model_of: Callable
@@ -92,6 +93,8 @@ class StepBatches(Protocol):
 
     def get(self, step: int) -> list: ...
 
+    def every_row(self) -> Iterator: ...   # the input's blocks once (asked for with every_row)
+
 
 class Aggregator(Protocol):
     """Exact sums over the data; the stages add the noise."""
@@ -103,7 +106,7 @@ class Aggregator(Protocol):
     def steps_per_job(self, stage: Stage, remaining: int, state=None) -> int: ...
 
     def step_batches(self, plan, steps: int, resume: str | None = None,
-                     keep: bool = False) -> StepBatches: ...
+                     keep: bool = False, every_row: bool = False) -> StepBatches: ...
 
     def close(self) -> None: ...
 
@@ -178,9 +181,10 @@ def run_chunks(aggregator: Aggregator, step_fn: Stage, state: TrainState, total_
     on the driver over the aggregator's ``step_batches``, one job for the whole run; a chunk is
     then only how often ``after_chunk`` is called. ``plan`` (the checkpointed plan) records where
     the batches are kept, and a resumed run finds them there; ``keep_batches`` keeps them when
-    the run fails, for that resume (they are deleted once training ends). ``final`` (full-batch
-    steps only) runs after the last step, in its job; the returned state's ``final`` is then its
-    release (None where it did not run: batches fixed in advance, or no step left)."""
+    the run fails, for that resume (they are deleted once training ends). ``final`` runs after
+    the last step: in its job (full-batch steps), or on the driver over every row, which the
+    batch job then writes once as well; the returned state's ``final`` is its release (None
+    where it did not run: no step was left)."""
     batch_plan = getattr(step_fn, "batch_plan", None)
     if batch_plan is None:
         while state.step < total_steps:
@@ -200,8 +204,10 @@ def run_chunks(aggregator: Aggregator, step_fn: Stage, state: TrainState, total_
     resume = plan.get("batch_files") if plan is not None else None
     # These steps are summed and applied here, on the driver, not by the aggregator: it may
     # still see them (the audit's aggregator injects its canaries into each step's sum).
-    step_fn = getattr(aggregator, "driver_stage", lambda stage: stage)(step_fn)
-    with aggregator.step_batches(batch_plan, total_steps, resume, keep_batches) as batches:
+    driver_stage = getattr(aggregator, "driver_stage", lambda stage: stage)
+    step_fn = driver_stage(step_fn)
+    with aggregator.step_batches(batch_plan, total_steps, resume, keep_batches,
+                                 every_row=final is not None) as batches:
         if plan is not None and batches.location is not None:
             # Checkpointed at once, so that a run that dies from here on resumes with these.
             plan["batch_files"] = batches.location
@@ -210,6 +216,13 @@ def run_chunks(aggregator: Aggregator, step_fn: Stage, state: TrainState, total_
             k = min(chunk, total_steps - state.step)
             for _ in range(k):
                 state = run_step(step_fn, batches.get(state.step), state)
+            if final is not None and state.step >= total_steps:
+                # (before the chunk's checkpoint, which keeps the release with the model)
+                check = driver_stage(final)
+                total = zero_sum(check)
+                for block in batches.every_row():
+                    total = total + check.partial_sum(block, state)
+                state = check.apply(state, total)
             after_chunk(state, k)
     return state
 

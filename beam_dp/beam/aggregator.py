@@ -300,13 +300,14 @@ class BeamAggregator:
            | "SaveState" >> beam.Map(_write_pickle, path))
         return p
 
-    def batches_pipeline(self, plan, steps: int, location: str, written: str) -> beam.Pipeline:
+    def batches_pipeline(self, plan, steps: int, location: str, written: str,
+                         every_row: bool = False) -> beam.Pipeline:
         """The batch job; ``written`` receives the names of the index files it wrote, which the
         driver checks it can see (a worker elsewhere writes to its own disk)."""
         p = self._pipeline()
         per_file = batches.steps_per_file(plan.expected_rows, self.dim)
         (p | "StepBatches" >> WriteStepBatches(self.shards, self.reader, self.cache, plan, steps,
-                                               per_file, location, self.dim)
+                                               per_file, location, self.dim, every_row)
            | "Written" >> beam.combiners.ToList()
            | "SaveWritten" >> beam.Map(_write_pickle, written))
         return p
@@ -408,11 +409,12 @@ class BeamAggregator:
         return len(pipeline.to_runner_api().SerializeToString())
 
     def step_batches(self, plan, steps: int, resume: str | None = None,
-                     keep: bool = False) -> BatchFiles:
+                     keep: bool = False, every_row: bool = False) -> BatchFiles:
         """Every step's batch, written by one job under the temp location (``resume``: where an
-        earlier attempt of this run wrote them; reused if complete and made by the same plan)."""
+        earlier attempt of this run wrote them; reused if complete and made by the same plan),
+        and with ``every_row`` every row once more (``BatchFiles.every_row``)."""
         fingerprint = hashlib.blake2b(repr((batches.FILE_FORMAT, batches.plan_key(plan), steps,
-                                            self.shards)).encode(),
+                                            self.shards, every_row)).encode(),
                                       digest_size=16).hexdigest()
         if resume:
             manifest = self._manifest(resume)
@@ -427,8 +429,8 @@ class BeamAggregator:
             os.makedirs(location, mode=0o700, exist_ok=key is not None)
         try:
             if found is MISSING:
-                self._run("batches", self.batches_pipeline(plan, steps, location, written),
-                          steps=steps)
+                self._run("batches", self.batches_pipeline(plan, steps, location, written,
+                                                           every_row), steps=steps)
                 found = _take_pickle(written) if FileSystems.exists(written) else None
             names = sorted(os.path.basename(m.path) for r in FileSystems.match(
                 [FileSystems.join(location, batches.INDEX_PATTERN)])
@@ -438,7 +440,8 @@ class BeamAggregator:
                     f"the workers' mini-batches are not all readable here under {self.temp_root}: "
                     "give --temp_location, a location this driver and the workers share")
             manifest = batches.Manifest(fingerprint, steps,
-                                        batches.steps_per_file(plan.expected_rows, self.dim), names)
+                                        batches.steps_per_file(plan.expected_rows, self.dim), names,
+                                        every_row)
             with FileSystems.create(FileSystems.join(location, batches.DONE)) as f:
                 f.write(manifest.dumps().encode())
         except BaseException as e:

@@ -27,13 +27,15 @@ from beam_dp.beam.cache import ShardCache
 class _WritePieces(beam.DoFn):
     """Reads a shard once (from the worker's cache if an earlier job of the run left it there,
     e.g. DPSGD-F's preprocessing; without filling it) and writes its pieces of each group's
-    steps to one file; emits (group, file name): one element per (shard, group), never a row or
-    a step."""
+    steps to one file, and with ``every_row`` its blocks whole to one more (``batches.
+    rows_group``); emits (group, file name): one element per (shard, group), never a row or a
+    step."""
 
     def __init__(self, reader, cache, plan, steps: int, steps_per_file: int, location: str,
-                 dim: int):
+                 dim: int, every_row: bool = False):
         self.reader, self.cache_handle, self.plan = reader, cache, plan
         self.steps, self.steps_per_file, self.location, self.dim = steps, steps_per_file, location, dim
+        self.every_row = every_row
 
     def setup(self):
         self.cache = self.cache_handle.acquire(ShardCache)
@@ -44,6 +46,9 @@ class _WritePieces(beam.DoFn):
         for block in self.cache.blocks(shard, self.reader, keep=False):
             for step, piece in self.plan.pieces(block, range(self.steps)):
                 by_group[step // self.steps_per_file].append(batches.as_piece(step, piece))
+            if self.every_row:
+                by_group[batches.rows_group(self.steps, self.steps_per_file)].append(
+                    batches.as_piece(self.steps, block))
         attempt = uuid.uuid4().hex   # a retried bundle writes new files; its index names only these
         for group, pieces in by_group.items():
             name = batches.pieces_name(group, index, attempt)
@@ -65,11 +70,12 @@ class WriteStepBatches(beam.PTransform):
     """The batch job's body: pipeline begin in, the names of the groups' index files out."""
 
     def __init__(self, shards, reader, cache, plan, steps: int, steps_per_file: int,
-                 location: str, dim: int):
+                 location: str, dim: int, every_row: bool = False):
         super().__init__()
         self.shards = list(enumerate(shards))   # the index orders a group's pieces by shard
         self.reader, self.cache, self.plan, self.steps = reader, cache, plan, steps
         self.steps_per_file, self.location, self.dim = steps_per_file, location, dim
+        self.every_row = every_row
 
     def expand(self, pbegin):
         return (pbegin
@@ -77,6 +83,6 @@ class WriteStepBatches(beam.PTransform):
                 | "Spread" >> beam.Reshuffle()
                 | "AssignRowsToSteps" >> beam.ParDo(_WritePieces(
                     self.reader, self.cache, self.plan, self.steps, self.steps_per_file,
-                    self.location, self.dim))
+                    self.location, self.dim, self.every_row))
                 | "GroupByStepGroup" >> beam.GroupByKey()
                 | "WriteIndex" >> beam.FlatMap(_write_index, self.location))
