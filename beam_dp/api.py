@@ -112,9 +112,10 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
 
     ``privacy_unit_column`` (file input; dpgd, dpsgd): user-level privacy, the guarantee for adding or
     removing one user with all their rows (``beam_dp.user_level``): the column is each row's
-    user key (never a feature, never printed); a user keeps at most ``max_rows_per_user`` rows
-    (default ``user_level.DEFAULT_MAX_ROWS_PER_USER``) and each step clips the user's summed
-    gradient to the clip norm; dpsgd's steps sample users (``batch_size`` users expected).
+    user key (a categorical feature too if listed so, never printed); a user keeps at most
+    ``max_rows_per_user`` rows (default ``user_level.DEFAULT_MAX_ROWS_PER_USER``, or "auto":
+    ``beam_dp.user_rows``) and each step clips the user's summed gradient to the clip norm;
+    dpsgd's steps sample users (``batch_size`` users expected).
 
     ``algorithm="auto"`` (``beam_dp.algorithms.choice``): the algorithm the measurements favour
     for the model, the options given and a declared size (``num_examples``, or ``rows_hint``: a
@@ -671,8 +672,10 @@ def _user_bounding(column: str | None, max_rows: int | None):
         raise ValueError("privacy_unit_column must be a column name")
     if max_rows is None:
         max_rows = user_level.DEFAULT_MAX_ROWS_PER_USER
+    if max_rows == "auto":
+        return user_level.UserBounding(column, user_level.AUTO_FIRST_PASS, auto=True)
     if isinstance(max_rows, bool) or not isinstance(max_rows, numbers.Integral) or max_rows < 1:
-        raise ValueError("max_rows_per_user (--max-rows-per-user) must be a whole number, at least 1")
+        raise ValueError("max_rows_per_user (--max-rows-per-user): a whole number >= 1, or auto")
     return user_level.UserBounding(column, int(max_rows))
 
 
@@ -701,9 +704,9 @@ def file_input(input, runner, pipeline_args, loss, label_column, feature_columns
     ignore = list(categorical.pop("ignore_columns", None) or ())
     user_column = bounding.column if bounding is not None else None
     if user_column is not None:
-        _check_user_column(files[0], open_file, user_column, label_column, feature_columns,
-                           categorical.get("categorical_columns"))
-        ignore = ignore + [user_column] * (user_column not in ignore)   # a key, never a feature
+        _check_user_column(files[0], open_file, user_column, label_column, feature_columns)
+        if user_column not in named:   # a key only, unless declared a categorical feature too
+            ignore = ignore + [user_column] * (user_column not in ignore)
     data.check_shards_agree(files, open_file)
     columns = data.resolve_feature_columns(files[0], label_column, feature_columns, open_file,
                                            require_label=read_label, categorical=named,
@@ -728,11 +731,13 @@ def file_input(input, runner, pipeline_args, loss, label_column, feature_columns
                                           encoding=encoding, user_bounding=bounding), encoding
 
 
-def _check_user_column(path, open_file, column, label_column, feature_columns, categorical):
-    """The privacy unit's column exists and is not also the label or a feature."""
-    if column == label_column or column in (feature_columns or ()) or column in (categorical or ()):
-        raise ValueError(f"the privacy unit column '{column}' is also the label or a feature: "
-                         "it is read as a key only")
+def _check_user_column(path, open_file, column, label_column, feature_columns):
+    """The privacy unit's column exists and is not the label or a numeric feature. It may be a
+    categorical one (a user's own id): each user's summed gradient is clipped to C whatever
+    coefficients it touches, their id's too, so the guarantee stands."""
+    if column == label_column or column in (feature_columns or ()):
+        raise ValueError(f"the privacy unit column '{column}' is the label or listed as a numeric "
+                         "feature: an id is not a quantity (declare it categorical to use it)")
     if column not in data.read_schema(path, open_file).names:
         raise data.DataError(f"{path}: privacy unit column '{column}' not found")
 

@@ -42,6 +42,9 @@ class Block:
     # User-level privacy (``beam_dp.user_level``): each row's privacy unit as a 64-bit key
     # (a hash of the --privacy-unit-column value, never the value); None: rows are the unit.
     users: np.ndarray | None = None
+    # Each row's user's number of rows before the cap on rows per user (``user_level.
+    # group_by_user`` sets it): what the private histogram of rows per user counts.
+    user_rows: np.ndarray | None = None
 
     def __post_init__(self):
         if self.sq_norms is None:
@@ -68,7 +71,8 @@ class Block:
     def take(self, rows: np.ndarray) -> "Block":
         return Block(self.features[rows], self.labels[rows], self.source, self.row_start,
                      self.sq_norms[rows], self.tag,
-                     users=self.users[rows] if self.users is not None else None)
+                     users=self.users[rows] if self.users is not None else None,
+                     user_rows=self.user_rows[rows] if self.user_rows is not None else None)
 
     def parts(self, tags: np.ndarray):
         """The rows grouped by ``tags`` (one int per row): a Block per tag present, in tag order,

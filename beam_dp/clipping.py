@@ -326,6 +326,19 @@ def sparse_clipped_gradient_sum(theta: np.ndarray, x, labels: np.ndarray, loss: 
     out = np.zeros((k, d1))
     if x.shape[0] == 0:
         return out
+    u, extra, weights = sparse_clipped_row_weights(theta, x, labels, loss, clip_norm, fit_intercept)
+    out[:, :-1] = np.asarray(u.T @ weights).T
+    if fit_intercept:
+        out[:, -1] = weights.T @ extra
+    return out
+
+
+def sparse_clipped_row_weights(theta: np.ndarray, x, labels: np.ndarray,
+                               loss: losses_mod.GlmLoss, clip_norm: float,
+                               fit_intercept: bool = True):
+    """(u, extra, weights) of CSR rows (``sparse_clipped_gradient_sum``'s factors): row i's
+    clipped gradient is ``weights_i (outer) (u_i, extra_i)``, ``u`` CSR (m, d) with entries in
+    [-1, 1], ``extra`` (m,) the intercept's entry, ``weights`` (m, k); each at most C in norm."""
     fit = float(fit_intercept)
     u, e = losses_mod.split_sparse_rows(x, floor=fit)
     with _quiet():
@@ -336,10 +349,7 @@ def sparse_clipped_gradient_sum(theta: np.ndarray, x, labels: np.ndarray, loss: 
         norms = a * np.ldexp(t, e)                                     # may overflow to inf
         norms[(a == 0) | (t == 0)] = 0.0
         weights = (np.minimum(clip_norm, norms) / np.where(t > 0, t, 1.0))[:, None] * direction
-        out[:, :-1] = np.asarray(u.T @ weights).T
-        if fit_intercept:
-            out[:, -1] = weights.T @ extra
-    return out
+    return u, extra, weights
 
 
 # ---------------------------------------------------------------- exact sums on a public grid

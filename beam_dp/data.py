@@ -573,7 +573,8 @@ def blocks_from_shard(shard: Shard, label_column: str | None, feature_columns: S
         text = text + (label_column,)   # read as text (CSV too), matched to the declared classes
     columns = list(feature_columns) + ([label_column] if label_column is not None else [])
     if user_column is not None:
-        columns.append(user_column)
+        # (once: it may be a categorical feature too, then read as text as those are)
+        columns += [user_column] * (user_column not in columns)
         text = text + (user_column,)   # CSV: the key as text, never parsed as a number
     row_start = shard.row_start
     failure = None

@@ -37,5 +37,11 @@ class LocalAggregator:
         at hand either way)."""
         return LocalBatches(self.blocks, plan)
 
+    def cap_rows_per_user(self, max_rows: int) -> None:
+        """User-level blocks (grouped by user) bounded to ``max_rows`` rows per user: each user
+        is in one block, so the cap applies block by block (``user_level.bound_rows``)."""
+        from beam_dp import user_level
+        self.blocks = [user_level.bound_rows(b, max_rows) for b in self.blocks]
+
     def close(self) -> None:
         pass

@@ -52,8 +52,11 @@ def gaussian_noise(generator: np.random.Generator, shape, std: float) -> np.ndar
     return generator.normal(0.0, std * NOISE_SCALE_FOR_TESTS, size=shape)
 
 
-def laplace_noise(generator: np.random.Generator, scale: float) -> float:
-    return float(generator.laplace(0.0, scale * NOISE_SCALE_FOR_TESTS))
+def laplace_noise(generator: np.random.Generator, scale: float, size=None):
+    """A Laplace draw of ``scale`` (a float), or an array of ``size`` independent ones."""
+    if size is None:
+        return float(generator.laplace(0.0, scale * NOISE_SCALE_FOR_TESTS))
+    return generator.laplace(0.0, scale * NOISE_SCALE_FOR_TESTS, size=size)
 
 
 def gumbel_noise(generator: np.random.Generator, size) -> np.ndarray:

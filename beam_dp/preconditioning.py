@@ -54,6 +54,10 @@ PRECONDITION_NOISE_WALK = 0.1
 
 def preconditioned(options, problem: Problem) -> bool:
     choice = getattr(options, "precondition", "none")
+    if choice == "auto" and problem.privacy_unit is not None:
+        # The counts bound one row's influence, not one user's (who holds up to K rows): off
+        # under user-level privacy (counts itself is refused there, by name).
+        return False
     if choice == "counts" and not problem.sparse:
         raise ValueError("--precondition counts scales categorical columns: it needs "
                          "--categorical-columns")

@@ -17,7 +17,7 @@ TRUST_MODEL = (
     "Central differential privacy. The workers and the driver are trusted and see the raw data; "
     "the guarantee covers everything that leaves the job: the model, this report and the "
     "checkpoints, each a post-processing of noised releases. It protects {unit}; it does not "
-    "protect a person who contributes several rows beyond what group privacy gives, nor the "
+    "protect {beyond} beyond what group privacy gives, nor the "
     "validation data, nor hyperparameters chosen by looking at the data, which are treated as "
     "public. A runner's job graphs and staging location are inside the boundary too: a DP-GD "
     "job's graph holds the noise keys of its steps, an objective-perturbation job's the "
@@ -131,6 +131,15 @@ PROTECTED = {
         "unit column) of the training input"),
 }
 
+# Who the unit leaves out (the trust model's "does not protect ... beyond group privacy").
+NOT_PROTECTED = {
+    "add/remove": "a person who contributes several rows",
+    "replace-one": "a person who contributes several rows",
+    "add/remove one user (all their rows)": (
+        "a person whose rows carry several values of the privacy unit column (each value is a "
+        "user)"),
+}
+
 
 def release_report(ledger, delta: float, seed_fixed: bool, **fields) -> dict:
     """The privacy report of a job's releases: epsilon from the accountant over the whole ledger,
@@ -149,7 +158,8 @@ def release_report(ledger, delta: float, seed_fixed: bool, **fields) -> dict:
         "accounting_notes": list(ledger.notes),
         "seed": "fixed by --seed (reproducible run, not for production)" if seed_fixed
                 else "OS secure randomness",
-        "trust_model": TRUST_MODEL.format(unit=PROTECTED[ledger.neighbouring]),
+        "trust_model": TRUST_MODEL.format(unit=PROTECTED[ledger.neighbouring],
+                                          beyond=NOT_PROTECTED[ledger.neighbouring]),
     }
 
 

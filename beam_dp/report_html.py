@@ -417,6 +417,10 @@ def _build(model: dict, privacy: dict, metrics: dict | None) -> str:
         ("neighbouring relation", _e(relation_in_words(relation))),
         ("accountant", _e(_ACCOUNTANTS.get(accountant, accountant))),
     ]
+    cap = (privacy.get("privacy_unit") or {}).get("cap")
+    if isinstance(cap, dict):   # user-level: what the cap on rows per user cost (noisy)
+        from beam_dp import user_rows
+        summary.append(("rows per user", f"{_e(user_rows.line(cap))}<br>{_e(cap.get('note', ''))}"))
     for key, label in (("steps", "steps"), ("noise_multiplier", "noise multiplier"),
                        ("clip_norm", "clip norm"), ("sampling", "sampling"),
                        ("sampling_probability", "sampling probability"),

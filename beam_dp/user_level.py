@@ -41,6 +41,7 @@ import dataclasses
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import scipy.sparse as sp
 
 from beam_dp import clipping
 from beam_dp import losses as losses_mod
@@ -51,6 +52,7 @@ from beam_dp.block import Block
 # examples cap contributions at a few to tens per unit), small enough that a user with
 # millions of rows costs a step K rows of work, not millions.
 DEFAULT_MAX_ROWS_PER_USER = 64
+AUTO_FIRST_PASS = 1 << 62   # --max-rows-per-user auto's pass before the cap is chosen: no cap
 # The public key of the kept-rows hash and of the user keys (the rule needs no secret: it
 # depends on the user's own rows only). Fixed, so every runner and every run keeps the same rows.
 _USER_HASH_KEY = "beam-dp-user-key"    # pandas' siphash key: 16 characters
@@ -63,6 +65,9 @@ class UserBounding:
 
     column: str                 # the privacy unit's column (its name only, never a value)
     max_rows: int = DEFAULT_MAX_ROWS_PER_USER
+    # --max-rows-per-user auto: the first pass keeps every row (max_rows is AUTO_FIRST_PASS),
+    # and the cap is then chosen from the private histogram of rows per user (beam_dp.user_rows)
+    auto: bool = False
 
     def describe(self) -> dict:
         return {"column": self.column, "max_rows_per_user": self.max_rows,
@@ -108,14 +113,29 @@ def _mix(h: np.ndarray) -> np.ndarray:
 
 def row_priorities(block) -> np.ndarray:
     """A keyed hash of (user key, the row's features and label) per row: the kept-rows order.
-    A loop over the columns, not the rows."""
+    A loop over the columns, not the rows (over the nonzeros of categorical rows)."""
     with np.errstate(over="ignore"):
         h = _mix(np.asarray(block.users, np.uint64) ^ _PRIORITY_KEY)
-        features = np.ascontiguousarray(block.features, dtype=np.float64)
-        for j in range(features.shape[1]):
-            h = _mix(h ^ features[:, j].view(np.uint64))
+        if block.sparse:
+            h = _mix(h ^ _sparse_row_hashes(block.features))
+        else:
+            features = np.ascontiguousarray(block.features, dtype=np.float64)
+            for j in range(features.shape[1]):
+                h = _mix(h ^ features[:, j].view(np.uint64))
         labels = np.ascontiguousarray(block.labels, dtype=np.float64)
         return _mix(h ^ labels.view(np.uint64))
+
+
+def _sparse_row_hashes(x) -> np.ndarray:
+    """A hash per CSR row of its (column, value) pairs: the wrapping sum of each nonzero's mixed
+    pair, so it depends on the row's content only (not on the order or on stored zeros)."""
+    x = sp.csr_matrix(x)
+    with np.errstate(over="ignore"):
+        values = np.ascontiguousarray(x.data, dtype=np.float64)
+        pairs = _mix(_mix(x.indices.astype(np.uint64) ^ _PRIORITY_KEY) ^ values.view(np.uint64))
+        pairs[values == 0] = 0
+        sums = np.concatenate([np.zeros(1, np.uint64), np.cumsum(pairs, dtype=np.uint64)])
+        return sums[x.indptr[1:]] - sums[x.indptr[:-1]]
 
 
 # ------------------------------------------------------------------------------ bounding and grouping
@@ -125,12 +145,11 @@ def _concat(blocks):
     blocks = [b for b in blocks if len(b)]
     if any(b.users is None for b in blocks):
         raise ValueError("user-level privacy needs every row's user (Block.users)")
-    if any(b.sparse for b in blocks):
-        raise ValueError("user-level privacy needs dense features")
     if not blocks:
         return None
-    return Block(np.concatenate([b.features for b in blocks]),
-                 np.concatenate([b.labels for b in blocks]), blocks[0].source, 0,
+    features = (sp.vstack([b.features for b in blocks], format="csr") if blocks[0].sparse
+                else np.concatenate([b.features for b in blocks]))
+    return Block(features, np.concatenate([b.labels for b in blocks]), blocks[0].source, 0,
                  np.concatenate([b.sq_norms for b in blocks]),
                  users=np.concatenate([b.users for b in blocks]))
 
@@ -154,6 +173,8 @@ def group_by_user(blocks, max_rows: int, batch_rows: int, source: str = "users")
     whole = _concat(blocks)
     if whole is None:
         return []
+    _, owner, counts = np.unique(whole.users, return_inverse=True, return_counts=True)
+    whole.user_rows = counts[owner.ravel()]   # before the cap: its cost is released from these
     bounded = bound_rows(whole, max_rows)
     users = bounded.users
     starts = np.flatnonzero(np.r_[True, users[1:] != users[:-1]])
@@ -267,20 +288,90 @@ def user_clipped_gradient_sum(theta: np.ndarray, block, loss: losses_mod.GlmLoss
     users = block.users if users is None else users
     if len(block) == 0:
         return np.zeros_like(theta)
+    if block.sparse:
+        return sparse_user_clipped_gradient_sum(theta, block.features, block.labels, users, loss,
+                                                clip_norm, fit_intercept)
     rows = per_row_clipped_gradients(theta, np.asarray(block.features, np.float64),
                                      block.sq_norms, block.labels, loss, clip_norm, fit_intercept)
     per_user = clip_rows(per_user_sums(rows, users), clip_norm)
     return per_user.sum(axis=0).reshape(theta.shape)
 
 
-class DistinctUsersStage:
-    """A stage (``beam_dp.algorithms.base``) whose sum is the exact number of users of blocks
-    grouped by user; ``apply`` returns it (the driver adds the noise)."""
+def sparse_user_clipped_gradient_sum(theta: np.ndarray, x, labels: np.ndarray,
+                                     users: np.ndarray, loss: losses_mod.GlmLoss,
+                                     clip_norm: float, fit_intercept: bool = True) -> np.ndarray:
+    """``user_clipped_gradient_sum`` of CSR rows (categorical and hashed columns), never
+    densified: O(nnz k) a step. Row i's clipped gradient is w_i (outer) (u_i, extra_i)
+    (``clipping.sparse_clipped_row_weights``); user j's sum S_j is then A (w (outer) u) with A
+    the users' (users x rows) indicator, a sparse product; each user's factor
+    g_j = min(1, C / ||S_j||) scales their rows' weights, and the total is u^T (g w), so each
+    user adds g_j S_j, at most C in norm. The rows need not be grouped here (users are told
+    apart by key), but a user must not span two blocks (``group_by_user``)."""
+    k, d1 = theta.shape
+    out = np.zeros((k, d1))
+    m = x.shape[0]
+    if m == 0:
+        return out
+    u, extra, weights = clipping.sparse_clipped_row_weights(theta, x, labels, loss, clip_norm,
+                                                            fit_intercept)
+    _, owner = np.unique(np.asarray(users, np.uint64), return_inverse=True)
+    owner = owner.ravel()
+    indicator = sp.csr_matrix((np.ones(m), (owner, np.arange(m))), shape=(owner.max() + 1, m))
+    with np.errstate(all="ignore"):
+        sq = np.zeros(indicator.shape[0])
+        for c in range(k):   # k outputs: one for every loss but softmax
+            sums = indicator @ sp.csr_matrix(u.multiply(weights[:, c:c + 1]))
+            sq += np.asarray(sums.multiply(sums).sum(axis=1)).ravel()
+            sq += (indicator @ (weights[:, c] * extra)) ** 2
+        factors = clipping.clip_factors(np.sqrt(sq), clip_norm)
+        scaled = weights * factors[owner][:, None]
+    out[:, :-1] = np.asarray(u.T @ scaled).T
+    if fit_intercept:
+        out[:, -1] = scaled.T @ extra
+    return out
 
-    shape = ()
+
+# The public cells of the histogram of rows per user: cell 0 holds users with 1 row, cell j
+# users with 2^(j-1) + 1 .. 2^j rows, the last cell users with more than 2^30.
+ROWS_GRID = 2 ** np.arange(31, dtype=np.int64)
+
+
+@dataclasses.dataclass(frozen=True)
+class DistinctUsersStage:
+    """A stage (``beam_dp.algorithms.base``) over blocks grouped by user whose sum is exact and
+    goes to the driver, which adds the noise (``beam_dp.user_rows``): the number of users, the
+    histogram of their rows before the cap (``ROWS_GRID``'s cells), and for each cap K in
+    ``caps`` the users above it, their rows kept (min(r, K) each) and dropped (max(r - K, 0),
+    counted up to K each)."""
+
+    caps: tuple = ()
+
+    @property
+    def shape(self):
+        return (1 + len(ROWS_GRID) + 1 + 3 * len(self.caps),)
 
     def partial_sum(self, block, state) -> np.ndarray:
-        return np.asarray(distinct_users(block), dtype=np.int64)
+        starts = user_starts(block.users)
+        out = np.zeros(self.shape, dtype=np.int64)
+        out[0] = len(starts)
+        if not len(starts) or block.user_rows is None:
+            return out
+        rows = block.user_rows[starts].astype(np.int64)
+        cells = len(ROWS_GRID) + 1
+        out[1:1 + cells] = np.bincount(np.searchsorted(ROWS_GRID, rows, side="left"),
+                                       minlength=cells)
+        caps = np.asarray(self.caps, dtype=np.int64)[:, None]
+        over = np.maximum(rows[None, :] - caps, 0)
+        at = 1 + cells
+        out[at:at + len(caps)] = (over > 0).sum(axis=1)
+        out[at + len(caps):at + 2 * len(caps)] = np.minimum(rows[None, :], caps).sum(axis=1)
+        out[at + 2 * len(caps):] = np.minimum(over, caps).sum(axis=1)
+        return out
 
-    def apply(self, state, total) -> int:
-        return int(total)
+    def apply(self, state, total) -> dict:
+        total = np.asarray(total, dtype=np.int64)
+        cells, k = len(ROWS_GRID) + 1, len(self.caps)
+        at = 1 + cells
+        return {"users": int(total[0]), "rows_per_user": total[1:at],
+                "above": total[at:at + k], "kept": total[at + k:at + 2 * k],
+                "dropped": total[at + 2 * k:]}

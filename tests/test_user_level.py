@@ -156,7 +156,7 @@ def test_refusals(user_table, tmp_path):
         _train(pattern, runner="local", noise="secure")
     with pytest.raises(ValueError, match="privacy_unit_column"):
         beam_dp.train(input=pattern, runner="local", epsilon=1.0, max_rows_per_user=4)
-    with pytest.raises(ValueError, match="also the label or a feature"):
+    with pytest.raises(ValueError, match="listed as a numeric"):
         _train(pattern, runner="local", feature_columns=["x0", "user_id"])
     with pytest.raises(data.DataError, match="privacy unit column 'uid' not found"):
         _train(pattern, runner="local", privacy_unit_column="uid")

@@ -12,7 +12,7 @@ import pytest
 from dp_accounting import dp_event as events
 
 import beam_dp
-from beam_dp import accounting, data, losses, mechanisms, quality, synthetic, user_level
+from beam_dp import accounting, data, losses, mechanisms, quality, synthetic, user_level, user_rows
 from beam_dp.algorithms import gradient_step
 from beam_dp.algorithms.base import TrainState
 from beam_dp.block import Block
@@ -128,9 +128,11 @@ def test_ledger_holds_poisson_sampled_user_steps_within_epsilon(users_pattern):
     steps = [m for m in report["mechanisms"]
              if m["name"] == "poisson_sampled_gaussian_clipped_gradient_sum"]
     assert len(steps) == 1 and steps[0]["count"] == report["steps"]
-    # The ledger's event, rebuilt from dp_accounting's own classes: the count and the steps.
+    # The ledger's event, rebuilt from dp_accounting's own classes: the count, the cap's cost
+    # (CAP_SHARE of epsilon) and the steps.
     expected = events.ComposedDpEvent([
         accounting.laplace_count_event(0.5),
+        accounting.laplace_count_event(user_rows.CAP_SHARE * 2.0),
         events.SelfComposedDpEvent(events.PoissonSampledDpEvent(
             q, events.GaussianDpEvent(sigma)), report["steps"])])
     assert accounting.event_from_json(report["dp_event"]) == expected

@@ -43,7 +43,7 @@ import numpy as np
 from dp_accounting import dp_event as events
 
 from beam_dp import (accounting, column_scaling, features, mechanisms, preconditioning,
-                     secure_noise, user_level)
+                     secure_noise, user_level, user_rows)
 from beam_dp.algorithms.adaptive_clipping import (ADAPTIVE_FLOAT_NOTE, AdaptiveClipState,
                                                   AdaptiveClipStep, adaptive_clipping_summary,
                                                   count_noise_std)
@@ -80,7 +80,7 @@ class NoisyGDConfig:
     average_iterates: bool | None = None  # default: on for dpgd, off for dpsgd
     fit_intercept: bool = True
     steps_per_chunk: int | None = None   # steps per job (full batch); None: the aggregator's choice
-    rank: int | None = None            # dpgd: public bound on the feature rank (default d + 1)
+    rank: int | None = None            # dpgd: public bound on the feature rank (default min(d + 1, n))
     # dpgd: cap on the rank-based number of steps; None: ``default_max_steps`` of the released n
     max_steps: int | None = None
     # dpgd --gradient-estimator projection: the l1 radius C sqrt(s) the noisy mean gradient is
@@ -216,6 +216,8 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
         state, plan = resumed
         for r in plan["releases"][_recorded_before(ledger, plan["releases"]):]:
             ledger.record(r["name"], accounting.event_from_json(r["event"]), r["count"], **r["params"])
+        if user_bounding is not None and user_bounding.auto:   # the cap its first attempt chose
+            aggregator.cap_rows_per_user(plan["rows_per_user"]["max_rows_per_user"])
     else:
         state = TrainState.zeros(loss.outputs(), dim)
         if initial_theta is not None:
@@ -227,14 +229,32 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
             if config.noise != "float" or config.adaptive():
                 raise ValueError("user-level privacy is built for dpgd and dpsgd with float "
                                  "noise and a fixed clip norm")
-            dataset_size = release_dataset_size(
-                config, aggregator, seed, ledger,
-                lambda: aggregator.run_stages([user_level.DistinctUsersStage()], None))
+            # One pass counts the users and their rows before the cap (exact, on the driver).
+            users = {}
+
+            def users_pass() -> dict:
+                if not users:
+                    stage = user_level.DistinctUsersStage(user_rows.caps(user_bounding))
+                    users.update(aggregator.run_stages([stage], None), caps=stage.caps)
+                return users
+            dataset_size = release_dataset_size(config, aggregator, seed, ledger,
+                                                lambda: users_pass()["users"])
             dataset_size["unit"] = "users"
+            cap = user_bounding.max_rows
+            if user_bounding.auto:
+                cap = user_rows.choose_cap(users_pass()["rows_per_user"], user_rows.share(
+                    config.epsilon, user_rows.AUTO_SHARE), seed, ledger)
+                aggregator.cap_rows_per_user(cap)
+            rows_per_user = user_rows.release_cost(
+                users_pass(), cap, user_bounding.auto,
+                user_rows.share(config.epsilon, user_rows.CAP_SHARE), seed, ledger)
         else:
             dataset_size = release_dataset_size(config, aggregator, seed, ledger)
+            rows_per_user = None
         preprocessing = preprocess(dataset_size["value"]) if preprocess else {}
         plan = _plan(config, dataset_size, ledger, dim)
+        if rows_per_user is not None:
+            plan["rows_per_user"] = rows_per_user
         plan.update(preprocessing=preprocessing, releases=[
             {"name": r.name, "event": accounting.event_to_json(r.event), "count": r.count,
              "params": r.params} for r in ledger.releases])
@@ -332,7 +352,10 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
                        details, sampling=("full batch" if q >= 1 else "Poisson over users"
                                           if user_bounding is not None else "Poisson"),
                        expected_batch_size=plan["normalizer"],
-                       privacy_unit=user_bounding.describe() if user_bounding is not None else None,
+                       privacy_unit=({**user_bounding.describe(),
+                                      "max_rows_per_user": plan["rows_per_user"]["max_rows_per_user"],
+                                      "cap": plan["rows_per_user"]}
+                                     if user_bounding is not None else None),
                        final_release=state.final)
 
 
@@ -398,7 +421,11 @@ def _plan(config: NoisyGDConfig, dataset_size: dict, ledger: accounting.Ledger, 
         steps = max(1, math.ceil((config.epochs if config.epochs is not None else DEFAULT_EPOCHS) / q))
     else:
         cap = config.max_steps if config.max_steps is not None else default_max_steps(n)
-        steps = dpgd_steps(n, config.epsilon, config.delta, config.rank or dim + 1, cap)
+        # The features' rank is at most d + 1, and at most the number of units (n) whose
+        # gradients span the steps: hashed or one-hot columns make d + 1 far above n (2^15
+        # buckets over 689 users: 1 step at epsilon 1, where n bounds it to 30).
+        rank = config.rank or min(dim + 1, max(1, math.ceil(n)))
+        steps = dpgd_steps(n, config.epsilon, config.delta, rank, cap)
     normalizer = q * max(float(n), float(dataset_size.get("normalizer_floor", 1.0)))
     if config.noise_multiplier is not None:
         sigma = float(config.noise_multiplier)
@@ -457,7 +484,7 @@ class DpgdOptions:
                                      "rank ln(1/delta))), up to --max-steps",
                                low=1)
     rank: int | None = option(None, "public bound on the features' rank, for the "
-                                    "default steps; default d + 1", low=1)
+                                    "default steps; default the smaller of d + 1 and n", low=1)
     max_steps: int | None = option(
         None, "cap on the default steps; default 300 up to n = 100,000 rows, then fewer"
               " (at most 3e7 rows read, at least 100)", low=1)
@@ -469,7 +496,8 @@ class DpgdOptions:
     scale_epsilon: float | None = _SCALE_EPSILON
     precondition: str = option("auto", "scale categorical columns' steps by n / (their "
                                        "private count): counts, none, or auto (counts "
-                                       "with --categorical-columns and --epsilon)",
+                                       "with --categorical-columns and --epsilon, not "
+                                       "per user)",
                                choices=("auto", "counts", "none"))
     precondition_epsilon: float | None = option(
         None, "budget of those counts; default epsilon / 10", low=0, low_open=True)
@@ -675,4 +703,4 @@ DPSGD = Algorithm(
     "dpsgd", "large data where a full pass per step is too slow: Poisson-sampled mini-batches, "
              "each step reads only its batch; needs more tuning than dpgd",
     MODEL_NAMES, ScaledDpsgdOptions, _train_dpsgd, warm_start=True, secure_noise=True,
-    user_level=True, quality_check=True)
+    user_level=True, sparse_user_level=True, quality_check=True)

@@ -54,10 +54,13 @@ def check(algorithm: Algorithm, problem: Problem) -> None:
                          f"({algorithm.why_no_checkpoints})")
     if not problem.fit_intercept and not algorithm.no_intercept:
         raise ValueError(f"{algorithm.name} always fits an intercept; drop --no-intercept")
-    if problem.sparse and not algorithm.sparse_input:
+    if problem.sparse and not algorithm.sparse_input and not (
+            algorithm.sparse_user_level and problem.privacy_unit is not None):
         takers = ", ".join(a.name for a in algorithms().values() if a.sparse_input)
+        also = [a.name for a in algorithms().values() if a.sparse_user_level]
         raise ValueError(f"{algorithm.name} needs dense features; with --categorical-columns use "
-                         f"one of: {takers}")
+                         f"one of: {takers}" + (f" ({', '.join(also)} with "
+                                                "--privacy-unit-column too)" if also else ""))
     if problem.sparse and problem.privacy.noise == "secure":
         raise ValueError("secure noise needs dense features (its exact sums quantize dense "
                          "rows); with --categorical-columns use --noise float (the default "
@@ -66,9 +69,6 @@ def check(algorithm: Algorithm, problem: Problem) -> None:
         check_user_level(algorithm)
         if algorithm.relation != accounting.ADD_REMOVE:
             raise ValueError("--privacy-unit-column is an add/remove relation (one user)")
-        if problem.sparse:
-            raise ValueError("--privacy-unit-column needs dense features (no "
-                             "--categorical-columns yet)")
     if problem.privacy.noise == "secure" and not algorithm.secure_noise:
         raise ValueError(f"{algorithm.name} has no secure noise yet (its releases add numpy's float "
                          "noise); use --noise float")

@@ -219,6 +219,9 @@ class Algorithm:
     no_intercept: bool = True     # can fit a model without an intercept
     secure_noise: bool = False    # every release: integer noise on exact sums (--noise secure)
     sparse_input: bool = False    # takes CSR blocks (categorical columns), never densifying them
+    # takes them under --privacy-unit-column only (dpsgd: its user-level steps are full-batch
+    # stages over the grouped blocks; its row-level batch files hold dense rows)
+    sparse_user_level: bool = False
     # (privacy) -> None: refuses a privacy request the algorithm cannot serve (e.g. a mechanism
     # proven only for float noise under replace-one), before any data is read; None: any.
     check_privacy: Callable | None = None

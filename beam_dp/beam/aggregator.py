@@ -15,6 +15,7 @@ counted by a Beam metric) for the benchmark.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import hashlib
 import io
@@ -235,6 +236,12 @@ class BeamAggregator:
         # running it; its result is left for the next launch (``keep_job_results``).
         self.writes_templates = bool(given.get("template_location"))
         self.job_results: JobResults | None = None
+
+    def cap_rows_per_user(self, max_rows: int) -> None:
+        """The jobs from here on bound each user to ``max_rows`` rows (--max-rows-per-user auto,
+        once the cap is chosen)."""
+        self.user_bounding = dataclasses.replace(self.user_bounding, max_rows=max_rows,
+                                                 auto=False)
 
     def keep_job_results(self, directory: str, checkpoint_file: str) -> JobResults:
         """Template launches: each job leaves its result under ``directory`` (beam_dp.beam.

@@ -21,6 +21,11 @@ def positive_int(text: str) -> int:
     return value
 
 
+def rows_per_user(text: str):
+    """--max-rows-per-user: a whole number, or auto (chosen from a private histogram)."""
+    return "auto" if text.strip().lower() == "auto" else positive_int(text)
+
+
 def columns(text: str) -> list[str]:
     return [c.strip() for c in text.split(",") if c.strip()]
 

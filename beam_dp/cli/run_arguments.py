@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 import textwrap
 
-from beam_dp.cli.parsing import DEFAULT_ALGORITHM, columns, positive_int, requested_algorithm
+from beam_dp.cli.parsing import (DEFAULT_ALGORITHM, columns, positive_int, requested_algorithm,
+                                 rows_per_user)
 
 # The exit codes a run charged to the ledger may end with (said in its help).
 LEDGER_EPILOG = ("Exit codes: 3 refused by the budget, 4 running elsewhere, 6 refused by the\n"
@@ -94,8 +95,8 @@ def add_run_arguments(parser, audit: bool) -> None:
             "--privacy-unit-column", default=None, metavar="COLUMN",
             help="user-level privacy (dpgd, dpsgd): the unit is a user of COLUMN")
         privacy.add_argument(
-            "--max-rows-per-user", type=positive_int, default=None, metavar="K",
-            help=f"rows kept per user; default {user_level.DEFAULT_MAX_ROWS_PER_USER}")
+            "--max-rows-per-user", type=rows_per_user, default=None, metavar="K",
+            help=f"rows kept per user, or auto; default {user_level.DEFAULT_MAX_ROWS_PER_USER}")
 
 
 def add_ledger_arguments(parser) -> None:

@@ -230,6 +230,10 @@ def _train_and_write(api, args, beam_args, options, validation_files, release, l
         print(f"beam-dp: warning: {warning}", file=sys.stderr)
     for line in (model.privacy_report.get("preprocessing") or {}).get("scaling", []):
         print(f"beam-dp: scaling: {line}", file=sys.stderr)   # (column names only)
+    cap = (model.privacy_report.get("privacy_unit") or {}).get("cap")
+    if cap is not None:   # (noisy released estimates only)
+        from beam_dp import user_rows
+        print(f"beam-dp: {user_rows.line(cap)}", file=sys.stderr)
     chose = model.privacy_report.get("algorithm_choice")
     if chose is not None:
         print(f"beam-dp: --algorithm auto chose {chose['chosen']}: {chose['reason']}",
