@@ -82,10 +82,10 @@ def test_auto_picks_the_users_90_percent_quantile_and_is_recorded():
 
 @pytest.fixture(scope="module")
 def heavy_table(tmp_path_factory):
-    """400 users with 1-4 rows and one with 1,000 rows, as a CSV."""
+    """1,500 users with 1-4 rows and one with 1,000 rows, as a CSV."""
     directory = tmp_path_factory.mktemp("cap")
     rng = np.random.default_rng(3)
-    ids = np.repeat(np.arange(400), rng.integers(1, 5, 400))
+    ids = np.repeat(np.arange(1500), rng.integers(1, 5, 1500))
     users = np.r_[np.array([f"u{i}" for i in ids]), np.full(1000, HEAVY)]
     path = str(directory / "t.csv")
     data.write_table(path, {"x0": rng.normal(size=len(users)),
@@ -131,3 +131,19 @@ def test_a_run_reports_its_caps_cost_and_auto_resumes_with_its_cap(heavy_table, 
     assert again["mechanisms"] == first["mechanisms"]
     model = json.loads((tmp_path / "auto" / "model.json").read_text())
     assert json.loads((tmp_path / "again" / "model.json").read_text()) == model
+
+
+def test_auto_keeps_the_default_cap_where_users_are_too_few_for_its_quantile(heavy_table,
+                                                                            tmp_path, cli):
+    """At epsilon 1 the quantile's 95% rank error (222 users) is above 10% of 1,501 users: the
+    default cap, said in the report, and nothing spent on the quantile."""
+    r = cli("train", "--input", heavy_table, "--privacy-unit-column", "user", "--epsilon", 1,
+            "--runner", "local", "--seed", 1, "--steps", 3, "--noise", "float",
+            "--max-rows-per-user", "auto", "--output", tmp_path / "out")
+    assert r.code == 0, r.err
+    report = json.loads((tmp_path / "out" / "privacy_report.json").read_text())
+    cap = report["privacy_unit"]["cap"]
+    assert cap["max_rows_per_user"] == 64 and cap["chosen"].startswith("auto fell back")
+    assert "exponential_mechanism_rows_per_user_quantile" not in [m["name"] for m in
+                                                                  report["mechanisms"]]
+    assert "cap of 64 rows per user (auto)" in r.err

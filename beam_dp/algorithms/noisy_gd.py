@@ -240,14 +240,22 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
             dataset_size = release_dataset_size(config, aggregator, seed, ledger,
                                                 lambda: users_pass()["users"])
             dataset_size["unit"] = "users"
-            cap = user_bounding.max_rows
+            cap, chosen = user_bounding.max_rows, False
             if user_bounding.auto:
-                cap = user_rows.choose_cap(users_pass()["rows_per_user"], user_rows.share(
-                    config.epsilon, user_rows.AUTO_SHARE), seed, ledger)
+                auto_epsilon = user_rows.share(config.epsilon, user_rows.AUTO_SHARE)
+                error = user_rows.rank_error(auto_epsilon)
+                if error <= user_rows.AUTO_RANK_ERROR * dataset_size["value"]:
+                    cap, chosen = user_rows.choose_cap(users_pass()["rows_per_user"],
+                                                       auto_epsilon, seed, ledger), True
+                else:   # decided from public values, before anything is spent
+                    cap = user_level.DEFAULT_MAX_ROWS_PER_USER
+                    chosen = (f"auto fell back to the default {cap}: too few users for a private "
+                              f"quantile (its 95% rank error, {error:.0f} users, is above "
+                              f"{user_rows.AUTO_RANK_ERROR:.0%} of about {dataset_size['value']})")
                 aggregator.cap_rows_per_user(cap)
             rows_per_user = user_rows.release_cost(
-                users_pass(), cap, user_bounding.auto,
-                user_rows.share(config.epsilon, user_rows.CAP_SHARE), seed, ledger)
+                users_pass(), cap, chosen, user_rows.share(config.epsilon, user_rows.CAP_SHARE),
+                seed, ledger)
         else:
             dataset_size = release_dataset_size(config, aggregator, seed, ledger)
             rows_per_user = None
