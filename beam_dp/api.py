@@ -19,7 +19,6 @@ data is read; the rows; the problem they pose; the privacy budget; the training;
 from __future__ import annotations
 
 import dataclasses
-import numbers
 import warnings
 from typing import Callable, Sequence
 
@@ -69,6 +68,7 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
           budget_gate: Callable | None = None, categorical_columns: Sequence[str] | None = None,
           hash_buckets: int | None = None, hash_seed: int | None = None, vocabulary: str | None = None,
           label_classes: Sequence[str] | None = None, positive_class: str | None = None,
+          label_positive: dict | None = None,
           missing: dict | None = None, ignore_columns: Sequence[str] | None = None,
           schema: "str | dict | None" = None, bounds: dict | None = None,
           privacy_unit_column: str | None = None, max_rows_per_user: int | None = None,
@@ -104,7 +104,8 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
 
     The table's schema (``beam_dp.schema``: a JSON file or dict in ``schema``, or these
     keywords, which win over it): ``label_classes`` (text labels, in class-id order; a binary
-    model's ``positive_class`` defaults to the second), ``missing`` (column -> "constant:V",
+    model's ``positive_class`` defaults to the second) or ``label_positive`` (a binary label
+    derived from the label column: {"at_least": 4} or {"one_of": [...]}), ``missing`` (column -> "constant:V",
     "indicator", "indicator:V", "drop", or "median"/"mean", a private fill released by dpgd and
     dpsgd; the label column only "drop"), ``ignore_columns``
     (left out of the default features), ``bounds`` (column -> (low, high): public ranges; dpgd
@@ -138,7 +139,8 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
     table = Table.declared(schema, label_column=label_column, feature_columns=feature_columns,
                            categorical_columns=categorical_columns, hash_buckets=hash_buckets,
                            hash_seed=hash_seed, vocabulary=vocabulary, label_classes=label_classes,
-                           positive_class=positive_class, missing=missing,
+                           positive_class=positive_class, label_positive=label_positive,
+                           missing=missing,
                            ignore_columns=ignore_columns, bounds=bounds,
                            privacy_unit_column=privacy_unit_column)
     if table.label_classes is not None and model == "softmax" and num_classes is None:
@@ -152,7 +154,7 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
         privacy=spec.Privacy(epsilon, delta, noise_multiplier, accountant, num_examples,
                              count_epsilon, noise),
         num_classes=num_classes, huber_delta=huber_delta, fit_intercept=fit_intercept, table=table,
-        bounding=_user_bounding(table.privacy_unit_column, max_rows_per_user), runner=runner,
+        bounding=user_level.requested(table.privacy_unit_column, max_rows_per_user), runner=runner,
         pipeline_args=pipeline_args, batch_rows=batch_rows, seed=seed, steps_per_job=steps_per_job,
         checkpoint_dir=checkpoint_dir, progress=progress, warm_start=warm_start,
         max_jobs=max_jobs, budget_gate=budget_gate, options=options, instrument=_instrument,
@@ -169,7 +171,7 @@ def _refuse_scaled_noise() -> None:
 
 
 _TABLE_ENCODING = ("categorical_columns", "hash_buckets", "hash_seed", "vocabulary",
-                   "label_classes", "positive_class", "missing", "ignore_columns")
+                   "label_classes", "positive_class", "label_positive", "missing", "ignore_columns")
 
 
 @dataclasses.dataclass
@@ -185,6 +187,7 @@ class Table:
     vocabulary: str | dict | None = None
     label_classes: Sequence[str] | None = None
     positive_class: str | None = None
+    label_positive: dict | None = None   # a binary label derived from the label column
     missing: dict | None = None
     ignore_columns: Sequence[str] | None = None
     bounds: dict | None = None
@@ -661,24 +664,6 @@ def _warnings(privacy_report: dict, dataset_size: dict) -> list[str]:
 IMPUTE_RANK_ERROR = 0.25   # as --scale-features auto's rule (column_scaling.AUTO_SCALE_RANK_ERROR)
 
 
-def _user_bounding(column: str | None, max_rows: int | None):
-    """The user-level bounds from the keywords (None: row-level), checked."""
-    if column is None:
-        if max_rows is not None:
-            raise ValueError("max_rows_per_user (--max-rows-per-user) bounds the rows of each "
-                             "user: it needs privacy_unit_column (--privacy-unit-column)")
-        return None
-    if not isinstance(column, str) or not column:
-        raise ValueError("privacy_unit_column must be a column name")
-    if max_rows is None:
-        max_rows = user_level.DEFAULT_MAX_ROWS_PER_USER
-    if max_rows == "auto":
-        return user_level.UserBounding(column, user_level.AUTO_FIRST_PASS, auto=True)
-    if isinstance(max_rows, bool) or not isinstance(max_rows, numbers.Integral) or max_rows < 1:
-        raise ValueError("max_rows_per_user (--max-rows-per-user): a whole number >= 1, or auto")
-    return user_level.UserBounding(column, int(max_rows))
-
-
 def file_input(input, runner, pipeline_args, loss, label_column, feature_columns, batch_rows,
                read_label: bool = True, categorical: dict | None = None,
                bounding: "user_level.UserBounding | None" = None, opener=None):
@@ -711,7 +696,8 @@ def file_input(input, runner, pipeline_args, loss, label_column, feature_columns
     columns = data.resolve_feature_columns(files[0], label_column, feature_columns, open_file,
                                            require_label=read_label, categorical=named,
                                            ignore=ignore,
-                                           text_label=bool(categorical.get("label_classes")))
+                                           text_label=bool(categorical.get("label_classes")) or (
+                                               "one_of" in (categorical.get("label_positive") or {})))
     categorical["missing"] = schema_mod.label_policy(categorical.get("missing"), label_column)
     encoding = make_encoding(columns, named, **categorical)
     if encoding is not None:

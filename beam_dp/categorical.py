@@ -132,8 +132,11 @@ class Encoding:
     ``pending``), then recorded like any other fill (``with_fills``).
 
     ``label_classes``: the label's values as text, in the order of their class ids (softmax), or
-    the two classes of a binary model, ``positive_class`` being class 1. ``label_missing`` "drop"
-    leaves rows with a missing label out (else they are an error)."""
+    the two classes of a binary model, ``positive_class`` being class 1. ``label_rule``: a
+    binary label derived from the label column (``label_rule_of``: ("at_least", t), class 1
+    where the value is at least t; or ("one_of", values as text), class 1 for those values),
+    its classes then named by the rule. ``label_missing`` "drop" leaves rows with a missing
+    label out (else they are an error)."""
 
     numeric: tuple
     categorical: tuple
@@ -144,6 +147,7 @@ class Encoding:
     label_classes: tuple | None = None
     positive_class: str | None = None
     label_missing: str = "error"
+    label_rule: tuple | None = None
 
     def __post_init__(self):
         if not (self.categorical or self.missing or self.label_classes
@@ -297,6 +301,8 @@ class Encoding:
     def label_ids(self, values: pa.Array) -> tuple[np.ndarray, int | None]:
         """(labels as float: class ids, or 0/1 for a binary model's positive class; NaN where
         missing, the first row whose value is not a declared class, or None)."""
+        if self.label_rule is not None:
+            return _derived_label(self.label_rule, values)
         text = as_text(values)
         index = pc.index_in(text, value_set=_value_set(self.label_classes))
         ids = np.asarray(index.cast(pa.float64()).fill_null(np.nan), dtype=np.float64)
@@ -359,7 +365,10 @@ class Encoding:
             out["missing"] = {c: {"policy": p, "fill": None if np.isnan(f) else float(f)}
                               for c, p, f in self.missing}
             out["indicator_columns"] = [f"{c}_missing" for c in self.indicators]
-        if self.label_classes is not None:
+        if self.label_rule is not None:   # (its classes follow from it)
+            kind, value = self.label_rule
+            out["label_positive"] = {kind: list(value) if kind == "one_of" else value}
+        elif self.label_classes is not None:
             out["label_classes"] = list(self.label_classes)
             if self.positive_class is not None:
                 out["positive_class"] = self.positive_class
@@ -376,6 +385,10 @@ class Encoding:
                 label_classes=(tuple(spec["label_classes"]) if "label_classes" in spec else None),
                 positive_class=spec.get("positive_class"),
                 label_missing=spec.get("label_missing", "error"))
+            if "label_positive" in spec:
+                rule = label_rule_of(spec["label_positive"])
+                declared.update(label_rule=rule, label_classes=rule_classes(rule),
+                                positive_class=rule_classes(rule)[1])
             if "hash_buckets" in spec:
                 if spec.get("hash") != HASH_NAME:
                     raise EncodingError(f"the model's hash {spec.get('hash')!r} is not this "
@@ -445,10 +458,67 @@ def read_vocabulary(path, columns: Sequence[str]) -> tuple:
     return tuple(out)
 
 
+def label_rule_of(declared: dict) -> tuple:
+    """A schema's ``label_positive`` ({"at_least": t} or {"one_of": [values]}) as a rule."""
+    if not isinstance(declared, dict) or len(declared) != 1:
+        raise EncodingError('label_positive takes one of {"at_least": number} or {"one_of": '
+                            '[values]}')
+    (kind, value), = declared.items()
+    if kind == "at_least":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+            raise EncodingError("label_positive's at_least must be a finite number")
+        return ("at_least", float(value))
+    if kind == "one_of":
+        if not isinstance(value, (list, tuple)) or not value:
+            raise EncodingError("label_positive's one_of must list at least one value")
+        values = tuple(str(v) for v in value)
+        if len(set(values)) != len(values):
+            raise EncodingError("label_positive's one_of lists a value twice")
+        return ("one_of", values)
+    raise EncodingError(f"label_positive takes at_least or one_of, not {kind!r}")
+
+
+def rule_classes(rule: tuple) -> tuple:
+    """The two classes' names of a derived label (class 0, class 1): what predict outputs."""
+    kind, value = rule
+    if kind == "at_least":
+        return (f"below {value:g}", f"at least {value:g}")
+    return ("not listed", "listed")
+
+
+def _derived_label(rule: tuple, values) -> tuple[np.ndarray, int | None]:
+    """``label_ids`` under a rule: 1.0 / 0.0, NaN where missing; a value that is not a number
+    (at_least) is the first unknown row."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    kind, value = rule
+    if kind == "one_of":
+        text = as_text(values)
+        hit = np.asarray(pc.is_in(text, value_set=_value_set(value)), dtype=np.float64)
+        return np.where(np.asarray(text.is_valid(), dtype=bool), hit, np.nan), None
+    if pa.types.is_integer(values.type) or pa.types.is_floating(values.type):
+        numbers = np.asarray(values.cast(pa.float64()).to_numpy(zero_copy_only=False), np.float64)
+        unknown = np.zeros(len(numbers), dtype=bool)
+    else:
+        text = as_text(values)
+        pattern = r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$"
+        valid = np.asarray(text.is_valid(), dtype=bool)
+        parsed = np.asarray(pc.fill_null(pc.match_substring_regex(text, pattern), False), bool)
+        unknown = valid & ~parsed
+        numbers = np.full(len(text), np.nan)
+        if parsed.any():
+            numbers[parsed] = np.asarray(pc.cast(pc.filter(text, pa.array(parsed)),
+                                                 pa.float64()), np.float64)
+    ids = np.where(np.isnan(numbers), np.nan, (numbers >= value).astype(np.float64))
+    found = np.flatnonzero(unknown)
+    return ids, (int(found[0]) if found.size else None)
+
+
 def make_encoding(numeric: Sequence[str], categorical: Sequence[str], hash_buckets: int | None = None,
                   hash_seed: int | None = 0, vocabulary: str | None = None,
                   missing: Mapping[str, str] | None = None, label_classes: Sequence[str] | None = None,
-                  positive_class: str | None = None) -> Encoding | None:
+                  positive_class: str | None = None,
+                  label_positive: dict | None = None) -> Encoding | None:
     """The encoding a run asked for (None: numeric columns as they are, labels as numbers).
     ``missing``: column -> "constant:V", "indicator" (fill 0), "indicator:V", "drop", "median"
     or "mean" (the last two: a private fill, released by dpgd/dpsgd); the label
@@ -459,6 +529,13 @@ def make_encoding(numeric: Sequence[str], categorical: Sequence[str], hash_bucke
     missing = dict(missing or {})
     label_missing = missing.pop(LABEL_KEY, "error")
     policies = tuple(parse_policy(c, text) for c, text in missing.items())
+    rule = None
+    if label_positive is not None:
+        if label_classes or positive_class is not None:
+            raise EncodingError("label_positive derives a binary label: leave label_classes and "
+                                "positive_class out")
+        rule = label_rule_of(label_positive)
+        label_classes, positive_class = rule_classes(rule), rule_classes(rule)[1]
     if not (categorical or policies or label_classes or label_missing != "error"):
         if hash_buckets is not None or vocabulary is not None:
             raise EncodingError("--hash-buckets and --vocabulary need --categorical-columns")
@@ -473,7 +550,7 @@ def make_encoding(numeric: Sequence[str], categorical: Sequence[str], hash_bucke
                     hash_seed=int(hash_seed or 0), vocabulary=vocab, missing=policies,
                     label_classes=classes,
                     positive_class=None if positive_class is None else str(positive_class),
-                    label_missing=label_missing)
+                    label_missing=label_missing, label_rule=rule)
 
 
 LABEL_KEY = "@label"   # ``make_encoding``'s key for the label column's missing policy

@@ -9,6 +9,9 @@ over the file. The file:
       "label": "default",                        # the label column
       "label_classes": ["No", "Yes"],            # text labels -> class ids (binary: 2 classes)
       "positive_class": "Yes",                   # class 1 of a binary model (default: the second)
+      "label_positive": {"at_least": 4},         # or {"one_of": ["4", "5"]}: a binary label
+                                                 # derived from the label column (instead of
+                                                 # label_classes), in train and predict alike
       "numeric": ["balance", "income"],          # feature columns (default: every numeric one)
       "categorical": ["student"],                # string/integer columns (sparse features)
       "hash_buckets": 64,                        # or "vocabulary": "vocab.json", or
@@ -49,6 +52,7 @@ KEYS = {
     "label": "label_column",
     "label_classes": "label_classes",
     "positive_class": "positive_class",
+    "label_positive": "label_positive",
     "numeric": "feature_columns",
     "categorical": "categorical_columns",
     "hash_buckets": "hash_buckets",

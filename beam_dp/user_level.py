@@ -37,6 +37,7 @@ U^2 / 2^65 (1e-5 at 10^7 users), which the report states.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 
 import numpy as np
 import pyarrow as pa
@@ -77,6 +78,24 @@ class UserBounding:
                                      "(each row clipped to C), then clipped to C",
                 "key_collisions": "users are keyed by a 64-bit hash: two users sharing a key "
                                   "(probability below users^2 / 2^65) are bounded together"}
+
+
+def requested(column: str | None, max_rows) -> UserBounding | None:
+    """The user-level bounds from ``train``'s keywords (None: row-level), checked."""
+    if column is None:
+        if max_rows is not None:
+            raise ValueError("max_rows_per_user (--max-rows-per-user) bounds the rows of each "
+                             "user: it needs privacy_unit_column (--privacy-unit-column)")
+        return None
+    if not isinstance(column, str) or not column:
+        raise ValueError("privacy_unit_column must be a column name")
+    if max_rows is None:
+        max_rows = DEFAULT_MAX_ROWS_PER_USER
+    if max_rows == "auto":
+        return UserBounding(column, AUTO_FIRST_PASS, auto=True)
+    if isinstance(max_rows, bool) or not isinstance(max_rows, numbers.Integral) or max_rows < 1:
+        raise ValueError("max_rows_per_user (--max-rows-per-user): a whole number >= 1, or auto")
+    return UserBounding(column, int(max_rows))
 
 
 # ------------------------------------------------------------------------------ keys
