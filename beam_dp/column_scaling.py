@@ -102,9 +102,7 @@ def prepare(options, problem: Problem, aggregator, seed: int, ledger, also=()):
     imputed = imputed_columns(problem)
     if imputed:
         why = ("categorical columns (sparse features)" if problem.sparse else
-               "--feature-norm" if options.feature_norm else
-               "--privacy-unit-column (the release bounds one row, not one user)"
-               if problem.privacy_unit is not None else None)
+               "--feature-norm" if options.feature_norm else None)
         if why:
             raise ValueError(f"median/mean imputation is not available with {why}: use "
                              "constant:V or indicator for those columns")
@@ -116,8 +114,9 @@ def prepare(options, problem: Problem, aggregator, seed: int, ledger, also=()):
                              "not built on exact sums); use --noise float or leave --noise out")
         if IMPUTE_FLOAT_NOTE not in ledger.notes:
             ledger.notes.append(IMPUTE_FLOAT_NOTE)
-    if problem.privacy_unit is not None and choice == "auto":
-        choice = "none"   # the quantiles bound one row's influence, not one user's: declared only
+    # User-level privacy: the quantiles and means weigh each row 1 / its user's rows (a user
+    # moves them as one row does), over the users (n is the number of users).
+    per_user = problem.privacy_unit is not None
     declared = problem.source.get("bounds") or {"columns": [], "label": None}
     if problem.initial_theta is not None and choice == "auto":
         # A warm start continues in its model's space: that model's ranges, if any, came as
@@ -164,7 +163,7 @@ def prepare(options, problem: Problem, aggregator, seed: int, ledger, also=()):
         per_release = share / (released * len(SCALE_QUANTILES) + len(imputed))
     if released:
         stage = _range_stage(private_columns, private_label, per_release, seed,
-                             problem.privacy.noise)
+                             problem.privacy.noise, per_user)
 
     def preprocess(n: int) -> dict:
         out = {"declared_bounds": declared} if fixed or declared["label"] is not None else {}
@@ -197,7 +196,8 @@ def prepare(options, problem: Problem, aggregator, seed: int, ledger, also=()):
                                                            private_label, error, per_release))
                     fill_epsilon = alone
                     if private_label:
-                        scale = _range_stage((), True, alone, seed, problem.privacy.noise)
+                        scale = _range_stage((), True, alone, seed, problem.privacy.noise,
+                                             per_user)
                         skipped += (f"; the label's range released alone ({alone_error:.0f} "
                                     f"rows, {alone:.3g} epsilon each)")
                 elif private_label:
@@ -205,7 +205,8 @@ def prepare(options, problem: Problem, aggregator, seed: int, ledger, also=()):
                 out = {**out, "column_bounds": None, "scaling_skipped": skipped}
         # The fills' epsilon: one quantile's each, or the whole share when no range is released
         # (decided from public values: the released n and constants).
-        fill_stages = _imputation_stages(imputed, fixed, fill_epsilon, seed) if imputed else []
+        fill_stages = (_imputation_stages(imputed, fixed, fill_epsilon, seed, per_user)
+                       if imputed else [])
         for q in fill_stages:
             unranged = [name for j, p, name in imputed if p == "median" and j not in fixed]
             if q.key == "impute_median" and unranged and (
@@ -301,9 +302,11 @@ def prepare(options, problem: Problem, aggregator, seed: int, ledger, also=()):
     return preprocess, make_transform
 
 
-def _range_stage(columns: tuple, label: bool, epsilon: float, seed: int, noise: str | None):
+def _range_stage(columns: tuple, label: bool, epsilon: float, seed: int, noise: str | None,
+                 per_user: bool = False):
     """The 2nd and 98th percentiles of ``columns`` (and of the label) on the public log grid,
-    ``epsilon`` each, their targets kept the margin (at SCALE_MARGIN_FAILURE) inside the data."""
+    ``epsilon`` each, their targets kept the margin (at SCALE_MARGIN_FAILURE) inside the data;
+    ``per_user``: of the rows weighted 1 / their user's rows (float noise)."""
     released = len(columns) + int(label)
     grid = np.repeat(stats.symmetric_log_grid(SCALE_GRID_BOUND, SCALE_GRID_SIZE, 1e12),
                      released, axis=0)
@@ -313,7 +316,7 @@ def _range_stage(columns: tuple, label: bool, epsilon: float, seed: int, noise: 
         margin=stats.quantile_rank_error_bound(SCALE_GRID_SIZE, epsilon, SCALE_MARGIN_FAILURE),
         # The run's noise kind: secure unless float was asked for (as the steps' default), so
         # the ranges are no float release inside a secure run.
-        noise="float" if noise == "float" else "secure")
+        noise="float" if noise == "float" or per_user else "secure", per_user=per_user)
 
 
 def column_names(problem: Problem, d: int) -> list[str]:
@@ -376,8 +379,7 @@ def describe(problem: Problem, applied, preprocessing: dict, choice: str) -> lis
         elif released:
             why = "their private ranges show them on the unit scale, or hold one point"
         elif choice == "auto":   # (prepare's rules: nothing private for this run)
-            why = ("no private ranges with --privacy-unit-column, --warm-start or "
-                   "--noise-multiplier without --scale-epsilon")
+            why = "no private ranges with --warm-start or --noise-multiplier without --scale-epsilon"
         else:
             why = f"--scale-features {choice}"
         lines.append(f"used as given ({why}): {_listed(groups['given'])}")
@@ -410,7 +412,8 @@ def imputed_columns(problem: Problem) -> list:
     return [(index[c], p, c) for c, p in encoding.imputed if pending[index[c]]]
 
 
-def _imputation_stages(imputed: list, fixed: dict, epsilon: float | None, seed: int) -> list:
+def _imputation_stages(imputed: list, fixed: dict, epsilon: float | None, seed: int,
+                       per_user: bool = False) -> list:
     """The releases of the fills (``epsilon`` each column): one exponential-mechanism median per
     "median" column, one Laplace stage for all "mean" columns (each within its declared range).
     A median's grid is the scaling's public log grid, or, for a column with a declared range,
@@ -427,13 +430,14 @@ def _imputation_stages(imputed: list, fixed: dict, epsilon: float | None, seed: 
                          for j in medians])
         out.append(stats.QuantileStage("impute_median", stats.Selected(medians),
                                        stats.FixedGrid(grid), len(medians), size, (0.5,),
-                                       epsilon, stats.stages_seed(seed), (_IMPUTE_STREAM,)))
+                                       epsilon, stats.stages_seed(seed), (_IMPUTE_STREAM,),
+                                       per_user=per_user))
     if means:
         out.append(stats.ImputeMeanStage("impute_mean", means,
                                          tuple(float(fixed[j][0]) for j in means),
                                          tuple(float(fixed[j][1]) for j in means),
                                          epsilon * len(means), stats.stages_seed(seed),
-                                         (_IMPUTE_STREAM, 1)))
+                                         (_IMPUTE_STREAM, 1), per_user=per_user))
     return out
 
 

@@ -251,6 +251,14 @@ def in_step_batch(users: np.ndarray, step: int, sampling_seed: int, rate: float)
 # ------------------------------------------------------------------------------ the gradient
 
 
+def per_row_weights(users: np.ndarray) -> np.ndarray:
+    """1 / (the rows of each row's user) for rows grouped by user: a user's rows weigh 1 in all,
+    so a statistic summing them moves by one row's bound when a user is added or removed."""
+    starts = user_starts(users)
+    counts = np.diff(np.r_[starts, len(users)])
+    return np.repeat(1.0 / counts, counts) if len(starts) else np.zeros(0)
+
+
 def per_user_sums(per_row: np.ndarray, users: np.ndarray) -> np.ndarray:
     """Row vectors (m, p) summed per user (rows grouped by user): (users, p)."""
     starts = user_starts(users)

@@ -667,15 +667,11 @@ def _train_noisy(name: str, options, problem: Problem, aggregator, seed: int, le
 
 def _check_user_level(options, problem: Problem) -> None:
     """What user-level privacy does not cover yet, refused by name: secure noise (its exact sums
-    quantize rows, not users' sums), and the private preprocessing (its statistics bound one
-    row, not one user)."""
+    quantize rows, not users' sums), and the column counts and adaptive clipping (their
+    statistics bound one row, not one user). Ranges and fills weigh rows per user."""
     if problem.privacy.noise == "secure":
         raise ValueError("--privacy-unit-column has float noise only (the secure noise's exact "
                          "sums are per row); use --noise float or leave --noise out")
-    if getattr(options, "scale_features", "none") == "private":
-        raise ValueError("--scale-features private bounds one row's influence, not one user's: "
-                         "it is not available with --privacy-unit-column (declared bounds are; "
-                         "the default auto then scales only the declared columns)")
     if getattr(options, "precondition", "none") == "counts":
         raise ValueError("--precondition counts bounds one row's influence, not one user's: it is "
                          "not available with --privacy-unit-column")

@@ -20,20 +20,24 @@ def gaussian_noise_multiplier(epsilon: float, delta: float) -> float:
     return float(gaussian_mechanism.get_sigma_gaussian(epsilon, delta))
 
 
-def histogram(values: np.ndarray, grid: np.ndarray) -> np.ndarray:
+def histogram(values: np.ndarray, grid: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
     """Counts per column of ``values`` (m, j) in the cells of per-column grids (j, G):
     cell 0 holds values <= grid[0], cell i values in (grid[i-1], grid[i]], cell G values above
     grid[-1]. The cumulative count up to cell i is #{v <= grid[i]}. Every value lands in exactly
     one cell whatever it is (+-inf in the end cells), except a NaN, which is in none: a missing
     cell of a column imputed privately (``categorical.IMPUTED_POLICIES``), NaN until its fill is
     released, so that the column's quantiles are those of its present values. One example moves
-    at most one count per column by 1 either way, and nothing here can overflow."""
+    at most one count per column by 1 either way, and nothing here can overflow. ``weights``
+    (one per row, each in [0, 1]): each row counts its weight (user-level privacy: 1 / the
+    user's rows, so one user moves a column's counts by at most 1 in all)."""
     j, size = grid.shape
     out = np.zeros((j, size + 1))
     for c in range(j):  # one vectorized search per column, not per example
         column = values[:, c]
-        present = column[~np.isnan(column)]
-        out[c] = np.bincount(np.searchsorted(grid[c], present, side="left"), minlength=size + 1)
+        kept = ~np.isnan(column)
+        out[c] = np.bincount(np.searchsorted(grid[c], column[kept], side="left"),
+                             weights=None if weights is None else weights[kept],
+                             minlength=size + 1)
     return out
 
 

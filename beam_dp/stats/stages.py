@@ -10,7 +10,7 @@ from typing import Callable
 import numpy as np
 from dp_accounting import dp_event as events
 
-from beam_dp import accounting, clipping, mechanisms
+from beam_dp import accounting, clipping, mechanisms, user_level
 from beam_dp.stats.primitives import (exact_exponential_mechanism, exact_quantile_utility,
                                       exponential_mechanism_quantile, histogram,
                                       quantile_rank_error_bound)
@@ -156,6 +156,10 @@ class QuantileStage:
     # norm (Chernozhukov, Fernandez-Val & Galichon 2010, "Quantile and probability curves
     # without crossing"). Off by default so that existing releases keep their meaning.
     rearrange: bool = False
+    # User-level privacy: each row counts 1 / its user's rows (blocks grouped by user), so one
+    # user moves the histogram by 1 in all, as one row does: the utilities keep sensitivity 1.
+    # Float only (the exact mechanism's utilities are integers).
+    per_user: bool = False
 
     def __post_init__(self):
         # The utility's sensitivity is 1 only for quantiles in [0, 1] (a p outside moves the
@@ -164,6 +168,8 @@ class QuantileStage:
             raise ValueError("quantiles must be fractions in [0, 1]")
         if self.rearrange and list(self.quantiles) != sorted(self.quantiles):
             raise ValueError("rearranged quantiles must be listed in ascending order")
+        if self.per_user and self.noise == "secure":
+            raise ValueError("per-user quantiles weight rows by fractions: float noise only")
 
     @property
     def shape(self):
@@ -174,7 +180,8 @@ class QuantileStage:
         return quantile_rank_error_bound(self.grid_size, self.epsilon, failure_probability)
 
     def partial_sum(self, block, state):
-        return histogram(self.values(block, state), self.grid(state))
+        weights = user_level.per_row_weights(block.users) if self.per_user else None
+        return histogram(self.values(block, state), self.grid(state), weights)
 
     def apply(self, state, total):
         grid = self.grid(state)
@@ -471,6 +478,9 @@ class ImputeMeanStage:
     epsilon: float
     seed: int
     stream: tuple = (0,)
+    # User-level privacy: each row weighs 1 / its user's rows, so one user moves each (sum,
+    # count) pair by at most 1 + 1, as one row does.
+    per_user: bool = False
 
     @property
     def shape(self):
@@ -486,7 +496,9 @@ class ImputeMeanStage:
         present = ~np.isnan(x)
         half = (hi - lo) / 2.0
         u = (np.clip(np.where(present, x, lo), lo, hi) - (lo + half)) / half
-        return np.stack([np.where(present, u, 0.0).sum(axis=0), present.sum(axis=0)])
+        w = (user_level.per_row_weights(block.users) if self.per_user
+             else np.ones(len(x)))[:, None]
+        return np.stack([(w * np.where(present, u, 0.0)).sum(axis=0), (w * present).sum(axis=0)])
 
     def apply(self, state, total):
         rng = _rng(self)
