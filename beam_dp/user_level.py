@@ -308,37 +308,49 @@ def per_row_clipped_gradients(theta: np.ndarray, features: np.ndarray, sq_norms:
 
 def user_clipped_gradient_sum(theta: np.ndarray, block, loss: losses_mod.GlmLoss,
                               clip_norm: float, fit_intercept: bool = True,
-                              users: np.ndarray | None = None) -> np.ndarray:
+                              users: np.ndarray | None = None, count: bool = False):
     """The sum over the block's users of their summed per-row-clipped gradients, each user's
     sum clipped to ``clip_norm``: shaped like theta; one user adds at most ``clip_norm`` in
-    norm. The block's rows must be grouped by user (``group_by_user``)."""
+    norm. The block's rows must be grouped by user (``group_by_user``). ``count``: also the
+    number of users whose sum was at most ``clip_norm`` before that clipping (adaptive
+    clipping's count, sensitivity 1 per user): (sum, count)."""
     users = block.users if users is None else users
     if len(block) == 0:
-        return np.zeros_like(theta)
+        return (np.zeros_like(theta), 0) if count else np.zeros_like(theta)
     if block.sparse:
-        return sparse_user_clipped_gradient_sum(theta, block.features, block.labels, users, loss,
-                                                clip_norm, fit_intercept)
-    rows = per_row_clipped_gradients(theta, np.asarray(block.features, np.float64),
-                                     block.sq_norms, block.labels, loss, clip_norm, fit_intercept)
-    per_user = clip_rows(per_user_sums(rows, users), clip_norm)
-    return per_user.sum(axis=0).reshape(theta.shape)
+        total, norms = sparse_user_clipped_gradient_sum(
+            theta, block.features, block.labels, users, loss, clip_norm, fit_intercept,
+            norms=True)
+    else:
+        rows = per_row_clipped_gradients(theta, np.asarray(block.features, np.float64),
+                                         block.sq_norms, block.labels, loss, clip_norm,
+                                         fit_intercept)
+        sums = per_user_sums(rows, users)
+        with np.errstate(over="ignore", invalid="ignore"):
+            norms = np.sqrt(np.einsum("ij,ij->i", sums, sums))
+        total = clip_rows(sums, clip_norm).sum(axis=0).reshape(theta.shape)
+    if not count:
+        return total
+    return total, int(np.count_nonzero(norms <= clip_norm))
 
 
 def sparse_user_clipped_gradient_sum(theta: np.ndarray, x, labels: np.ndarray,
                                      users: np.ndarray, loss: losses_mod.GlmLoss,
-                                     clip_norm: float, fit_intercept: bool = True) -> np.ndarray:
+                                     clip_norm: float, fit_intercept: bool = True,
+                                     norms: bool = False):
     """``user_clipped_gradient_sum`` of CSR rows (categorical and hashed columns), never
     densified: O(nnz k) a step. Row i's clipped gradient is w_i (outer) (u_i, extra_i)
     (``clipping.sparse_clipped_row_weights``); user j's sum S_j is then A (w (outer) u) with A
     the users' (users x rows) indicator, a sparse product; each user's factor
     g_j = min(1, C / ||S_j||) scales their rows' weights, and the total is u^T (g w), so each
     user adds g_j S_j, at most C in norm. The rows need not be grouped here (users are told
-    apart by key), but a user must not span two blocks (``group_by_user``)."""
+    apart by key), but a user must not span two blocks (``group_by_user``). ``norms``: also
+    the users' sums' norms before their clipping: (sum, norms)."""
     k, d1 = theta.shape
     out = np.zeros((k, d1))
     m = x.shape[0]
     if m == 0:
-        return out
+        return (out, np.zeros(0)) if norms else out
     u, extra, weights = clipping.sparse_clipped_row_weights(theta, x, labels, loss, clip_norm,
                                                             fit_intercept)
     _, owner = np.unique(np.asarray(users, np.uint64), return_inverse=True)
@@ -355,7 +367,7 @@ def sparse_user_clipped_gradient_sum(theta: np.ndarray, x, labels: np.ndarray,
     out[:, :-1] = np.asarray(u.T @ scaled).T
     if fit_intercept:
         out[:, -1] = scaled.T @ extra
-    return out
+    return (out, np.sqrt(sq)) if norms else out
 
 
 # The public cells of the histogram of rows per user: cell 0 holds users with 1 row, cell j

@@ -75,3 +75,41 @@ def test_user_level_runs_scale_and_fill_privately_in_process_and_on_beam(user_ta
                           bounds={"x0": (-10.0, 10.0)}, runner="local")
     fill = model.privacy_report["preprocessing"]["imputation"]["x0"]["fill"]
     assert abs(fill - 3.0) < 0.5
+
+
+def test_adaptive_clipping_counts_users_and_one_user_moves_it_by_one():
+    """Per user, the step's (sum, count) with and without a user holding 1,000 aligned rows:
+    the sum moves by at most C_t, the count by at most 1 (it counts users, not rows)."""
+    from beam_dp import losses
+    from beam_dp.algorithms.adaptive_clipping import AdaptiveClipState, UserAdaptiveClipStep
+    from beam_dp.sampling import PoissonSampler
+    rng = np.random.default_rng(9)
+    ids = np.repeat(np.arange(200), rng.integers(1, 6, 200))
+    rest = Block(rng.normal(size=(len(ids), 3)), (rng.random(len(ids)) < .5).astype(float),
+                 users=user_level.user_keys(pa.array([f"u{i}" for i in ids])))
+    heavy = Block(np.tile([4.0, -4.0, 2.0], (1000, 1)), np.ones(1000),
+                  users=user_level.user_keys(pa.array([HEAVY] * 1000)))
+    step = UserAdaptiveClipStep(loss=losses.make_loss("logistic"), clip_norm=1.0, noise_std=0.0,
+                                normalizer=1.0, learning_rate=1.0,
+                                sampler=PoissonSampler(1.0, 3), seed=None, shape=(1, 4))
+    with_user = user_level.group_by_user([rest, heavy], 5000, batch_rows=100)
+    without = user_level.group_by_user([rest], 5000, batch_rows=100)
+    for clip in (0.05, 1.0, 1e4):
+        state = AdaptiveClipState(np.zeros((1, 4)), np.zeros((1, 4)), 0, clip_norm=clip)
+        a = sum(step.partial_sum(b, state) for b in with_user)
+        b = sum(step.partial_sum(b, state) for b in without)
+        assert np.linalg.norm(a[:-1] - b[:-1]) <= clip * (1 + 1e-9)
+        assert abs(a[-1] - b[-1]) <= 1
+        assert b[-1] <= len(np.unique(rest.users))   # users, not rows
+    assert a[-1] - b[-1] == 1   # at a huge C_t the heavy user is below it: counted once
+
+
+def test_user_level_adaptive_clipping_runs_in_process_and_on_beam(user_table):
+    pattern, _ = user_table
+    common = dict(input=pattern, privacy_unit_column="user_id", epsilon=2.0, steps=4, seed=5,
+                  num_examples=601, noise="float", adaptive_clip_quantile=0.5)
+    local = beam_dp.train(runner="local", **common)
+    summary = local.privacy_report["preprocessing"]["adaptive_clipping"]
+    assert len(summary["clip_norm_after_step"]) == 4
+    on_beam = beam_dp.train(**common)
+    np.testing.assert_allclose(on_beam.theta, local.theta, rtol=1e-9, atol=1e-12)

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from beam_dp import clipping, mechanisms
+from beam_dp import clipping, mechanisms, user_level
 from beam_dp.algorithms.base import TrainState
 from beam_dp.algorithms.gradient_step import NoisyGradientStep
 
@@ -127,3 +127,30 @@ def adaptive_clipping_summary(target_quantile: float, rate: float, initial: floa
 
 ADAPTIVE_FLOAT_NOTE = ("--adaptive-clip-quantile: the steps add numpy's float Gaussian noise (secure "
                        "noise is not implemented for a clip norm that changes every step)")
+
+
+@dataclasses.dataclass(frozen=True)
+class UserAdaptiveClipStep(AdaptiveClipStep):
+    """``AdaptiveClipStep`` under user-level privacy (``UserGradientStep``'s sums): each
+    sampled user's summed gradient clipped to C_t, and the count of USERS whose sum was at most
+    C_t before it (``user_level.user_clipped_gradient_sum``'s count): one user moves the sum by
+    C_t and the count by 1, as one row does in a row-level run, so the same noise and events
+    hold under add/remove one user; the fraction is over the public expected number of users."""
+
+    @property
+    def batch_plan(self) -> None:   # (users are sampled in the grouped blocks, as dpsgd's steps)
+        return None
+
+    def partial_sum(self, block, state: TrainState):
+        if self.sampler.rate < 1.0:
+            block = block.take(np.flatnonzero(user_level.in_step_batch(
+                block.users, state.step, self.sampler.seed, self.sampler.rate)))
+        return self.selected_sum(block, state)
+
+    def selected_sum(self, batch, state: TrainState):
+        users = batch.users
+        if self.transform is not None:   # a per-row map: the rows (and their users) stay
+            batch = self.transform(batch)
+        total, below = user_level.user_clipped_gradient_sum(
+            state.theta, batch, self.loss, state.clip_norm, self.fit_intercept, users, count=True)
+        return np.concatenate([total.ravel(), [float(below)]])

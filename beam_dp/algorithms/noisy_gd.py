@@ -45,7 +45,8 @@ from dp_accounting import dp_event as events
 from beam_dp import (accounting, column_scaling, features, mechanisms, preconditioning,
                      secure_noise, user_level, user_rows)
 from beam_dp.algorithms.adaptive_clipping import (ADAPTIVE_FLOAT_NOTE, AdaptiveClipState,
-                                                  AdaptiveClipStep, adaptive_clipping_summary,
+                                                  AdaptiveClipStep, UserAdaptiveClipStep,
+                                                  adaptive_clipping_summary,
                                                   count_noise_std)
 from beam_dp.algorithms.base import (Aggregator, FinalStage, TrainState, load_checkpoint, run_chunks,
                                      save_checkpoint)
@@ -226,9 +227,8 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
                                  f"{np.shape(initial_theta)}, this run {state.theta.shape}")
             state.theta = np.array(initial_theta, dtype=np.float64)
         if user_bounding is not None:
-            if config.noise != "float" or config.adaptive():
-                raise ValueError("user-level privacy is built for dpgd and dpsgd with float "
-                                 "noise and a fixed clip norm")
+            if config.noise != "float":
+                raise ValueError("user-level privacy is built for dpgd and dpsgd with float noise")
             # One pass counts the users and their rows before the cap (exact, on the driver).
             users = {}
 
@@ -317,7 +317,7 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
     step_class = UserGradientStep if user_bounding is not None else NoisyGradientStep
     adaptive = {}
     if count_std is not None:
-        step_class = AdaptiveClipStep
+        step_class = UserAdaptiveClipStep if user_bounding is not None else AdaptiveClipStep
         adaptive = dict(noise_multiplier=sigma, count_noise_std=count_std,
                         target_quantile=config.adaptive_clip_quantile,
                         clip_rate=config.adaptive_clip_rate)
@@ -667,17 +667,14 @@ def _train_noisy(name: str, options, problem: Problem, aggregator, seed: int, le
 
 def _check_user_level(options, problem: Problem) -> None:
     """What user-level privacy does not cover yet, refused by name: secure noise (its exact sums
-    quantize rows, not users' sums), and the column counts and adaptive clipping (their
-    statistics bound one row, not one user). Ranges and fills weigh rows per user."""
+    quantize rows, not users' sums) and the column counts (a user's rows can touch many
+    columns). Ranges and fills weigh rows per user; adaptive clipping counts users."""
     if problem.privacy.noise == "secure":
         raise ValueError("--privacy-unit-column has float noise only (the secure noise's exact "
                          "sums are per row); use --noise float or leave --noise out")
     if getattr(options, "precondition", "none") == "counts":
         raise ValueError("--precondition counts bounds one row's influence, not one user's: it is "
                          "not available with --privacy-unit-column")
-    if getattr(options, "adaptive_clip_quantile", None) is not None:
-        raise ValueError("--adaptive-clip-quantile counts rows below the clip norm, not users: it "
-                         "is not available with --privacy-unit-column")
 
 
 def gradient_sparsity(problem: Problem) -> int:
