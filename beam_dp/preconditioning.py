@@ -54,10 +54,6 @@ PRECONDITION_NOISE_WALK = 0.1
 
 def preconditioned(options, problem: Problem) -> bool:
     choice = getattr(options, "precondition", "none")
-    if choice == "auto" and problem.privacy_unit is not None:
-        # The counts bound one row's influence, not one user's (who holds up to K rows): off
-        # under user-level privacy (counts itself is refused there, by name).
-        return False
     if choice == "counts" and not problem.sparse:
         raise ValueError("--precondition counts scales categorical columns: it needs "
                          "--categorical-columns")
@@ -87,8 +83,10 @@ def column_counts(options, problem: Problem, aggregator, seed: int, ledger):
     multiplier = stats.gaussian_noise_multiplier(count_epsilon, problem.privacy.delta)
     noise_std = multiplier * math.sqrt(per_row)
 
+    # (user-level: each row weighs 1 / its user's rows, the counts then of users, fractionally)
     stage = stats.ColumnCountStage("column_counts", first, problem.dim, per_row, multiplier,
-                                   stats.stages_seed(seed), (_COUNTS_STREAM,))
+                                   stats.stages_seed(seed), (_COUNTS_STREAM,),
+                                   per_user=problem.privacy_unit is not None)
 
     def preprocess(n: int) -> dict:   # (alone: the counts in a pass of their own)
         stats.record_releases([stage], ledger)

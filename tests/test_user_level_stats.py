@@ -113,3 +113,28 @@ def test_user_level_adaptive_clipping_runs_in_process_and_on_beam(user_table):
     assert len(summary["clip_norm_after_step"]) == 4
     on_beam = beam_dp.train(**common)
     np.testing.assert_allclose(on_beam.theta, local.theta, rtol=1e-9, atol=1e-12)
+
+
+def test_column_counts_weigh_a_user_as_one_row():
+    """--precondition's counts per user: a user with 1,000 rows on one hashed item moves them by
+    at most one row's sqrt(per_row) in l2 (by 1,000 row by row)."""
+    import scipy.sparse as sp
+    rng = np.random.default_rng(4)
+    ids = np.repeat(np.arange(200), rng.integers(1, 6, 200))
+
+    def rows(items):
+        m = len(items)
+        return sp.csr_matrix((np.ones(2 * m), (np.repeat(np.arange(m), 2),
+                                               np.c_[np.zeros(m, int), 1 + items].ravel())),
+                             shape=(m, 41))
+    rest = Block(rows(rng.integers(0, 40, len(ids))), np.zeros(len(ids)),
+                 users=user_level.user_keys(pa.array([f"u{i}" for i in ids])))
+    heavy = Block(rows(np.full(1000, 7)), np.zeros(1000),
+                  users=user_level.user_keys(pa.array([HEAVY] * 1000)))
+    for per_user, most in ((True, 1.0 + 1e-9), (False, None)):
+        stage = stats.ColumnCountStage("c", 1, 41, 1, 1.0, 0, per_user=per_user)
+        a, b = (sum(stage.partial_sum(blk, {}) for blk in
+                    user_level.group_by_user(blocks, 5000, batch_rows=100))
+                for blocks in ([rest, heavy], [rest]))
+        change = np.linalg.norm(a - b)
+        assert change <= most if per_user else change == 1000

@@ -504,8 +504,7 @@ class DpgdOptions:
     scale_epsilon: float | None = _SCALE_EPSILON
     precondition: str = option("auto", "scale categorical columns' steps by n / (their "
                                        "private count): counts, none, or auto (counts "
-                                       "with --categorical-columns and --epsilon, not "
-                                       "per user)",
+                                       "with --categorical-columns and --epsilon)",
                                choices=("auto", "counts", "none"))
     precondition_epsilon: float | None = option(
         None, "budget of those counts; default epsilon / 10", low=0, low_open=True)
@@ -667,14 +666,11 @@ def _train_noisy(name: str, options, problem: Problem, aggregator, seed: int, le
 
 def _check_user_level(options, problem: Problem) -> None:
     """What user-level privacy does not cover yet, refused by name: secure noise (its exact sums
-    quantize rows, not users' sums) and the column counts (a user's rows can touch many
-    columns). Ranges and fills weigh rows per user; adaptive clipping counts users."""
+    quantize rows, not users' sums). The ranges, fills and column counts weigh each row 1 / its
+    user's rows; adaptive clipping counts users."""
     if problem.privacy.noise == "secure":
         raise ValueError("--privacy-unit-column has float noise only (the secure noise's exact "
                          "sums are per row); use --noise float or leave --noise out")
-    if getattr(options, "precondition", "none") == "counts":
-        raise ValueError("--precondition counts bounds one row's influence, not one user's: it is "
-                         "not available with --privacy-unit-column")
 
 
 def gradient_sparsity(problem: Problem) -> int:

@@ -9,7 +9,7 @@ import math
 import numpy as np
 from dp_accounting import dp_event as events
 
-from beam_dp import accounting, categorical, mechanisms
+from beam_dp import accounting, categorical, mechanisms, user_level
 from beam_dp.stats.stages import CountStage, PackedStages, _flat_stages, _rng
 
 
@@ -137,6 +137,9 @@ class ColumnCountStage:
     noise_multiplier: float
     seed: int
     stream: tuple = (0,)
+    # User-level privacy: each row weighs 1 / its user's rows (blocks grouped by user), so a
+    # user's vector is an average of rows' vectors, of norm at most one row's, sqrt(per_row).
+    per_user: bool = False
 
     @property
     def shape(self):
@@ -146,8 +149,14 @@ class ColumnCountStage:
         x = block.features
         # One stored entry per (row, column) (the encoder sums duplicate entries), and the
         # categorical entries are >= 1: the entry's presence is the row's membership.
-        columns = x.indices[x.indices >= self.first] - self.first
-        return np.bincount(columns, minlength=self.dim - self.first).astype(np.float64)
+        categorical_entries = x.indices >= self.first
+        columns = x.indices[categorical_entries] - self.first
+        weights = None
+        if self.per_user:
+            per_entry = np.repeat(user_level.per_row_weights(block.users), np.diff(x.indptr))
+            weights = per_entry[categorical_entries]
+        return np.bincount(columns, weights=weights,
+                           minlength=self.dim - self.first).astype(np.float64)
 
     def apply(self, state, total):
         noise = mechanisms.gaussian_noise(_rng(self), total.shape,
