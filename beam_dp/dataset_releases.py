@@ -173,13 +173,17 @@ def release_vocabulary(input: Sequence[str], output: str, *, categorical_columns
                        epsilon: float, delta: float, batch_rows: int = 65536,
                        overwrite: bool = False, seed: int | None = None,
                        gate: Callable | None = None, release_id: str | None = None,
-                       before_write: Callable[[dict], None] = lambda files: None
+                       before_write: Callable[[dict], None] = lambda files: None,
+                       privacy_unit_column: str | None = None,
+                       max_values_per_user: int = vocabulary_release.DEFAULT_VALUES_PER_USER
                        ) -> tuple[list, dict]:
     """Writes OUTPUT/vocabulary.json (for train --vocabulary) and privacy_report.json: the
     values of each categorical column that partition selection keeps, (epsilon, delta)-DP under
-    add/remove of one row; returns (the vocabulary as (column, values) pairs, the privacy
-    report). ``release_id`` (the CLI's): recorded in the report, for the runs that train on the
-    vocabulary to name it. ``gate``, ``before_write``: as ``release_summary``'s."""
+    add/remove of one row, or of one user (``privacy_unit_column``: a value kept only if enough
+    users hold it, each user counting for at most ``max_values_per_user`` values a column);
+    returns (the vocabulary as (column, values) pairs, the privacy report). ``release_id`` (the
+    CLI's): recorded in the report, for the runs that train on the vocabulary to name it.
+    ``gate``, ``before_write``: as ``release_summary``'s."""
     if not (epsilon > 0 and math.isfinite(epsilon) and 0 < delta < 1):
         raise ValueError("--epsilon must be positive and --delta in (0, 1)")
     report.check_output_directory(output, overwrite)
@@ -187,15 +191,31 @@ def release_vocabulary(input: Sequence[str], output: str, *, categorical_columns
     report.check_not_inside(output, files)
     columns = list(categorical_columns)
     data.check_categorical(files[0], data.read_schema(files[0]), columns)
-    ledger = accounting.Ledger("pld", accounting.ADD_REMOVE)
+    per_unit = 1
+    if privacy_unit_column is not None:
+        if privacy_unit_column in columns or privacy_unit_column not in data.read_schema(
+                files[0]).names:
+            raise ValueError(f"--privacy-unit-column '{privacy_unit_column}' must be a column of "
+                             "the input other than the categorical columns")
+        if isinstance(max_values_per_user, bool) or not (
+                isinstance(max_values_per_user, int) and max_values_per_user >= 1):
+            raise ValueError("--max-values-per-user must be a whole number, at least 1")
+        per_unit = max_values_per_user
+    ledger = accounting.Ledger("pld", accounting.ADD_REMOVE if privacy_unit_column is None
+                               else accounting.USER_ADD_REMOVE)
     _admit_whole_release(ledger, gate, lambda into: into.record(
         vocabulary_release.VOCABULARY_RELEASE, vocabulary_release.vocabulary_event(epsilon, delta),
         1, mechanism="pipeline-dp partition selection (truncated geometric thresholding)",
-        max_partitions_contributed=len(columns)))
-    counts = vocabulary_release.value_counts(files, columns, data.open_input, batch_rows)
+        max_partitions_contributed=len(columns) * per_unit,
+        **({"values_per_user": per_unit} if privacy_unit_column is not None else {})))
+    if privacy_unit_column is None:
+        counts = vocabulary_release.value_counts(files, columns, data.open_input, batch_rows)
+    else:
+        counts = vocabulary_release.user_value_counts(files, columns, data.open_input, batch_rows,
+                                                      privacy_unit_column, per_unit)
     seed_fixed = seed is not None
     seed = seed if seed is not None else mechanisms.secure_seed()
-    vocabulary = vocabulary_release.private_vocabulary(counts, epsilon, delta, seed)
+    vocabulary = vocabulary_release.private_vocabulary(counts, epsilon, delta, seed, per_unit)
     privacy = report.release_report(ledger, delta, seed_fixed,
                                     columns={c: len(v) for c, v in vocabulary},
                                     **({"release_id": release_id} if release_id else {}))

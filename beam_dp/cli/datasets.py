@@ -114,6 +114,12 @@ def add_vocabulary_parser(sub):
     voc.add_argument("--seed", type=int, default=None, help="fixed seed (tests only)")
     voc.add_argument("--batch-rows", type=positive_int, default=65536, metavar="N",
                      help="rows per block read")
+    voc.add_argument("--privacy-unit-column", default=None, metavar="COLUMN",
+                     help="protect each user (this column's value) with all their rows: a value "
+                          "is kept only if enough users hold it")
+    voc.add_argument("--max-values-per-user", type=positive_int, default=None, metavar="L",
+                     help="values of each column one user counts for (with "
+                          "--privacy-unit-column); default 4")
     run_arguments.add_ledger_arguments(voc)
     return voc
 
@@ -202,22 +208,34 @@ def stats(args, beam_args: list[str]) -> int:
 
 
 def vocabulary(args) -> int:
-    from beam_dp import accounting, data, dataset_releases
+    from beam_dp import accounting, data, dataset_releases, vocabulary_release
 
     files = sorted({f for pattern in args.input for f in data.list_files(pattern)})
+    if args.max_values_per_user is not None and args.privacy_unit_column is None:
+        raise ValueError("--max-values-per-user bounds each user's values: it needs "
+                         "--privacy-unit-column")
+    per_user = ({} if args.privacy_unit_column is None else dict(
+        privacy_unit_column=args.privacy_unit_column,
+        max_values_per_user=args.max_values_per_user or vocabulary_release.DEFAULT_VALUES_PER_USER))
 
     def release(release_id, gate, before_write) -> int:
         released, privacy = dataset_releases.release_vocabulary(
             args.input, args.output, categorical_columns=args.categorical_columns,
             epsilon=args.epsilon, delta=args.delta, batch_rows=args.batch_rows,
             overwrite=args.overwrite, seed=args.seed, gate=gate, release_id=release_id,
-            before_write=before_write)
+            before_write=before_write, **per_user)
         sizes = ", ".join(f"{c}: {len(v)}" for c, v in released)
         print(f"released a vocabulary ({sizes} values): epsilon={privacy['epsilon']:.4g}, "
               f"delta={args.delta:g}; wrote {args.output}")
         return 0
 
-    return releases.run(args, accounting.ADD_REMOVE, files, release)
+    relation = accounting.ADD_REMOVE
+    if args.privacy_unit_column is not None:   # charged to the unit's own budget, as train's
+        from beam_dp.ledger import core
+        relation = accounting.USER_ADD_REMOVE
+        if args.dataset_id is not None:
+            args.dataset_id = core.budget_dataset(args.dataset_id, args.privacy_unit_column)
+    return releases.run(args, relation, files, release)
 
 
 def _print_warnings(summary: dict) -> None:
