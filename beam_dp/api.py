@@ -105,7 +105,8 @@ def train(X=None, y=None, *, input: str | Sequence[str] | None = None,
     The table's schema (``beam_dp.schema``: a JSON file or dict in ``schema``, or these
     keywords, which win over it): ``label_classes`` (text labels, in class-id order; a binary
     model's ``positive_class`` defaults to the second) or ``label_positive`` (a binary label
-    derived from the label column: {"at_least": 4} or {"one_of": [...]}), ``missing`` (column -> "constant:V",
+    derived from the label column: {"at_least": 4} or {"one_of": [...]}), ``missing`` (column ->
+    "constant:V",
     "indicator", "indicator:V", "drop", or "median"/"mean", a private fill released by dpgd and
     dpsgd; the label column only "drop"), ``ignore_columns``
     (left out of the default features), ``bounds`` (column -> (low, high): public ranges; dpgd
@@ -696,8 +697,7 @@ def file_input(input, runner, pipeline_args, loss, label_column, feature_columns
     columns = data.resolve_feature_columns(files[0], label_column, feature_columns, open_file,
                                            require_label=read_label, categorical=named,
                                            ignore=ignore,
-                                           text_label=bool(categorical.get("label_classes")) or (
-                                               "one_of" in (categorical.get("label_positive") or {})))
+                                           text_label=_text_label(categorical))
     categorical["missing"] = schema_mod.label_policy(categorical.get("missing"), label_column)
     encoding = make_encoding(columns, named, **categorical)
     if encoding is not None:
@@ -715,6 +715,12 @@ def file_input(input, runner, pipeline_args, loss, label_column, feature_columns
     return files, columns, BeamAggregator(files, read, columns, loss, batch_rows,
                                           ["--runner", runner] + pipeline_args,
                                           encoding=encoding, user_bounding=bounding), encoding
+
+
+def _text_label(declared: dict) -> bool:
+    """Whether the label is read as text: declared classes, or a derived label's listed values
+    (a threshold reads numbers)."""
+    return bool(declared.get("label_classes")) or "one_of" in (declared.get("label_positive") or {})
 
 
 def _check_user_column(path, open_file, column, label_column, feature_columns):

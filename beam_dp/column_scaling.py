@@ -379,7 +379,8 @@ def describe(problem: Problem, applied, preprocessing: dict, choice: str) -> lis
         elif released:
             why = "their private ranges show them on the unit scale, or hold one point"
         elif choice == "auto":   # (prepare's rules: nothing private for this run)
-            why = "no private ranges with --warm-start or --noise-multiplier without --scale-epsilon"
+            why = ("no private ranges with --warm-start or --noise-multiplier without "
+                   "--scale-epsilon")
         else:
             why = f"--scale-features {choice}"
         lines.append(f"used as given ({why}): {_listed(groups['given'])}")

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from beam_dp import accounting, mechanisms
+from beam_dp import accounting, mechanisms, user_level
+from beam_dp.dataset_size import release_dataset_size
 from beam_dp.stats.primitives import exponential_mechanism_quantile, quantile_rank_error_bound
 from beam_dp.user_level import ROWS_GRID
 
@@ -91,12 +92,46 @@ def release_cost(exact: dict, cap: int, chosen, epsilon: float, seed: int,
         "users_above_cap": round(float(above), 1),
         "rows_kept": round(float(kept), 1),
         "rows_dropped_at_least": round(float(lost), 1),
-        "rows_dropped_share_at_least": round(float(lost / (kept + lost)), 3) if kept + lost > 0 else 0.0,
+        "rows_dropped_share_at_least": (round(float(lost / (kept + lost)), 3)
+                                        if kept + lost > 0 else 0.0),
         "epsilon": epsilon,
         "note": (f"noisy estimates (Laplace: {3 / epsilon:.3g} users, {3 * cap / epsilon:.3g} "
                  "rows of scale), a DP release in the run's epsilon; a user's dropped rows are "
                  "counted up to the cap, so the share dropped is a lower bound"),
     }
+
+
+def release_users(config, aggregator, bounding, seed: int,
+                  ledger: accounting.Ledger) -> tuple[dict, dict]:
+    """A user-level run's releases before its plan: n (the users: public, or a Laplace count,
+    ``dataset_size.release_dataset_size``), the cap (given, or auto's, applied to the
+    aggregator from here on) and its cost. One pass of the data (``DistinctUsersStage``) serves
+    them all, its exact sums staying on the driver. Returns (dataset_size, the cap's entry)."""
+    users: dict = {}
+
+    def users_pass() -> dict:
+        if not users:
+            stage = user_level.DistinctUsersStage(caps(bounding))
+            users.update(aggregator.run_stages([stage], None), caps=stage.caps)
+        return users
+    dataset_size = release_dataset_size(config, aggregator, seed, ledger,
+                                        lambda: users_pass()["users"])
+    dataset_size["unit"] = "users"
+    cap, chosen = bounding.max_rows, False
+    if bounding.auto:
+        auto_epsilon = share(config.epsilon, AUTO_SHARE)
+        error = rank_error(auto_epsilon)
+        if error <= AUTO_RANK_ERROR * dataset_size["value"]:
+            cap = choose_cap(users_pass()["rows_per_user"], auto_epsilon, seed, ledger)
+            chosen = True
+        else:   # decided from public values, before anything is spent
+            cap = user_level.DEFAULT_MAX_ROWS_PER_USER
+            chosen = (f"auto fell back to the default {cap}: too few users for a private "
+                      f"quantile (its 95% rank error, {error:.0f} users, is above "
+                      f"{AUTO_RANK_ERROR:.0%} of about {dataset_size['value']})")
+        aggregator.cap_rows_per_user(cap)
+    cost = release_cost(users_pass(), cap, chosen, share(config.epsilon, CAP_SHARE), seed, ledger)
+    return dataset_size, cost
 
 
 def line(entry: dict) -> str:

@@ -10,7 +10,6 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-import beam_dp
 from beam_dp import accounting, data, user_level, user_rows
 from beam_dp.block import Block
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pyarrow as pa
 
 from beam_dp import data, vocabulary_release
 

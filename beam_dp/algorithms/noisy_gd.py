@@ -81,7 +81,7 @@ class NoisyGDConfig:
     average_iterates: bool | None = None  # default: on for dpgd, off for dpsgd
     fit_intercept: bool = True
     steps_per_chunk: int | None = None   # steps per job (full batch); None: the aggregator's choice
-    rank: int | None = None            # dpgd: public bound on the feature rank (default min(d + 1, n))
+    rank: int | None = None            # dpgd: public bound on the feature rank (min(d + 1, n))
     # dpgd: cap on the rank-based number of steps; None: ``default_max_steps`` of the released n
     max_steps: int | None = None
     # dpgd --gradient-estimator projection: the l1 radius C sqrt(s) the noisy mean gradient is
@@ -229,33 +229,8 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
         if user_bounding is not None:
             if config.noise != "float":
                 raise ValueError("user-level privacy is built for dpgd and dpsgd with float noise")
-            # One pass counts the users and their rows before the cap (exact, on the driver).
-            users = {}
-
-            def users_pass() -> dict:
-                if not users:
-                    stage = user_level.DistinctUsersStage(user_rows.caps(user_bounding))
-                    users.update(aggregator.run_stages([stage], None), caps=stage.caps)
-                return users
-            dataset_size = release_dataset_size(config, aggregator, seed, ledger,
-                                                lambda: users_pass()["users"])
-            dataset_size["unit"] = "users"
-            cap, chosen = user_bounding.max_rows, False
-            if user_bounding.auto:
-                auto_epsilon = user_rows.share(config.epsilon, user_rows.AUTO_SHARE)
-                error = user_rows.rank_error(auto_epsilon)
-                if error <= user_rows.AUTO_RANK_ERROR * dataset_size["value"]:
-                    cap, chosen = user_rows.choose_cap(users_pass()["rows_per_user"],
-                                                       auto_epsilon, seed, ledger), True
-                else:   # decided from public values, before anything is spent
-                    cap = user_level.DEFAULT_MAX_ROWS_PER_USER
-                    chosen = (f"auto fell back to the default {cap}: too few users for a private "
-                              f"quantile (its 95% rank error, {error:.0f} users, is above "
-                              f"{user_rows.AUTO_RANK_ERROR:.0%} of about {dataset_size['value']})")
-                aggregator.cap_rows_per_user(cap)
-            rows_per_user = user_rows.release_cost(
-                users_pass(), cap, chosen, user_rows.share(config.epsilon, user_rows.CAP_SHARE),
-                seed, ledger)
+            dataset_size, rows_per_user = user_rows.release_users(
+                config, aggregator, user_bounding, seed, ledger)
         else:
             dataset_size = release_dataset_size(config, aggregator, seed, ledger)
             rows_per_user = None
@@ -360,12 +335,17 @@ def train(config: NoisyGDConfig, loss: GlmLoss, dim: int, aggregator: Aggregator
                        details, sampling=("full batch" if q >= 1 else "Poisson over users"
                                           if user_bounding is not None else "Poisson"),
                        expected_batch_size=plan["normalizer"],
-                       privacy_unit=({**user_bounding.describe(),
-                                      "max_rows_per_user": plan["rows_per_user"]["max_rows_per_user"],
-                                      "cap": plan["rows_per_user"]}
-                                     if user_bounding is not None else None),
+                       privacy_unit=_privacy_unit(user_bounding, plan),
                        final_release=state.final)
 
+
+
+def _privacy_unit(bounding, plan: dict) -> dict | None:
+    """The report's privacy unit: the bounds, the cap the run used and its released cost."""
+    if bounding is None:
+        return None
+    cost = plan["rows_per_user"]
+    return {**bounding.describe(), "max_rows_per_user": cost["max_rows_per_user"], "cap": cost}
 
 
 # dpgd's default cap on the number of steps (``default_max_steps``): DEFAULT_MAX_STEPS[1] steps

@@ -20,7 +20,8 @@ def gaussian_noise_multiplier(epsilon: float, delta: float) -> float:
     return float(gaussian_mechanism.get_sigma_gaussian(epsilon, delta))
 
 
-def histogram(values: np.ndarray, grid: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+def histogram(values: np.ndarray, grid: np.ndarray,
+              weights: np.ndarray | None = None) -> np.ndarray:
     """Counts per column of ``values`` (m, j) in the cells of per-column grids (j, G):
     cell 0 holds values <= grid[0], cell i values in (grid[i-1], grid[i]], cell G values above
     grid[-1]. The cumulative count up to cell i is #{v <= grid[i]}. Every value lands in exactly
