@@ -12,7 +12,7 @@ import numpy as np
 
 from beam_dp import clipping, mechanisms, user_level
 from beam_dp.algorithms.base import TrainState
-from beam_dp.algorithms.gradient_step import NoisyGradientStep
+from beam_dp.algorithms.gradient_step import NoisyGradientStep, UserGradientStep
 
 
 @dataclasses.dataclass
@@ -137,15 +137,9 @@ class UserAdaptiveClipStep(AdaptiveClipStep):
     C_t and the count by 1, as one row does in a row-level run, so the same noise and events
     hold under add/remove one user; the fraction is over the public expected number of users."""
 
-    @property
-    def batch_plan(self) -> None:   # (users are sampled in the grouped blocks, as dpsgd's steps)
-        return None
-
-    def partial_sum(self, block, state: TrainState):
-        if self.sampler.rate < 1.0:
-            block = block.take(np.flatnonzero(user_level.in_step_batch(
-                block.users, state.step, self.sampler.seed, self.sampler.rate)))
-        return self.selected_sum(block, state)
+    # Users sampled in the grouped blocks, full-batch stages: UserGradientStep's own.
+    batch_plan = UserGradientStep.batch_plan
+    partial_sum = UserGradientStep.partial_sum
 
     def selected_sum(self, batch, state: TrainState):
         users = batch.users
