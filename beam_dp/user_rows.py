@@ -136,7 +136,9 @@ def release_users(config, aggregator, bounding, seed: int,
 
 def line(entry: dict) -> str:
     """One sentence for stderr."""
-    how = "auto" if entry["chosen"].startswith("auto") else "given"
+    how = ("auto, which kept the default: too few users for its private quantile"
+           if entry["chosen"].startswith("auto fell back") else
+           "auto" if entry["chosen"].startswith("auto") else "given")
     return (f"user-level: the cap of {entry['max_rows_per_user']} rows per user ({how}) cuts the "
             f"rows of about {entry['users_above_cap']:.0f} users, at least about "
             f"{entry['rows_dropped_share_at_least']:.0%} of all rows (noisy estimates, in the "

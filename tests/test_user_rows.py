@@ -145,4 +145,4 @@ def test_auto_keeps_the_default_cap_where_users_are_too_few_for_its_quantile(hea
     assert cap["max_rows_per_user"] == 64 and cap["chosen"].startswith("auto fell back")
     assert "exponential_mechanism_rows_per_user_quantile" not in [m["name"] for m in
                                                                   report["mechanisms"]]
-    assert "cap of 64 rows per user (auto)" in r.err
+    assert "cap of 64 rows per user (auto, which kept the default" in r.err
