@@ -364,7 +364,7 @@ def _check_request(request: _Request) -> _Checked:
         categorical_columns=tuple(encoding.get("categorical_columns") or ()),
         hash_buckets=encoding.get("hash_buckets"),
         imputed=_imputed_policies(encoding.get("missing")),
-        warm_start=request.warm_start is not None, user_level=request.bounding is not None))
+        warm_start=request.warm_start is not None))
     if request.bounding is not None:   # before the input is read and grouped by user
         registry.check_user_level(chosen)
     if table.bounds:

@@ -63,6 +63,11 @@ def test_user_level_runs_scale_and_fill_privately_in_process_and_on_beam(user_ta
         "add/remove one user")
     on_beam = beam_dp.train(**common)   # Beam's in-process runner: the users grouped first
     np.testing.assert_allclose(on_beam.theta, local.theta, rtol=1e-9, atol=1e-12)
+    # --scale-epsilon acts under user-level privacy with the default auto (it was refused as
+    # having no effect when auto was off per user)
+    auto = beam_dp.train(runner="local", **{**common, "scale_features": "auto",
+                                            "scale_epsilon": 0.5})
+    assert auto.privacy_report["neighbouring"].startswith("add/remove one user")
     # A median fill of a column with missing cells, per user.
     path = str(tmp_path / "gaps.parquet")
     rng = np.random.default_rng(2)

@@ -27,7 +27,6 @@ class Request:
     hash_buckets: int | None = None
     imputed: bool = False        # a column's missing-value policy is median or mean
     warm_start: bool = False
-    user_level: bool = False     # --privacy-unit-column
 
     def value(self, name: str):
         """The option's value as given (None: not given, or not an option of this run)."""
@@ -42,7 +41,7 @@ def _scale_releases(r: Request) -> bool:
     auto off) or median/mean fills."""
     choice = r.value("scale_features")
     return r.imputed or choice == "private" or (
-        choice == "auto" and not r.value("feature_norm") and not r.warm_start and not r.user_level)
+        choice == "auto" and not r.value("feature_norm") and not r.warm_start)
 
 
 def _preconditions(r: Request) -> bool:
@@ -77,8 +76,7 @@ ACTS_ONLY_WHEN: tuple[ActsOnlyWhen, ...] = (
     ActsOnlyWhen("scale_epsilon", _scale_releases,
                  "it is the budget of the private column ranges (--scale-features private or "
                  "auto) and of median/mean fills, and none is released (--scale-features none, or "
-                 "auto with --feature-norm, --warm-start or --privacy-unit-column, which turn "
-                 "it off)"),
+                 "auto with --feature-norm or --warm-start, which turn it off)"),
     ActsOnlyWhen("precondition_epsilon", _preconditions,
                  "it is the budget of --precondition counts' column counts, released only with "
                  "--categorical-columns and --precondition counts (or auto with --epsilon)"),
