@@ -487,8 +487,9 @@ def rule_classes(rule: tuple) -> tuple:
 
 
 def _derived_label(rule: tuple, values) -> tuple[np.ndarray, int | None]:
-    """``label_ids`` under a rule: 1.0 / 0.0, NaN where missing; a value that is not a number
-    (at_least) is the first unknown row."""
+    """``label_ids`` under a rule: 1.0 / 0.0, NaN where missing (null, or a float NaN); a value
+    that is not a finite number (at_least: text, or +-inf, 1e400 included) is the first unknown
+    row, whatever its side of the threshold."""
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks()
     kind, value = rule
@@ -509,7 +510,8 @@ def _derived_label(rule: tuple, values) -> tuple[np.ndarray, int | None]:
         if parsed.any():
             numbers[parsed] = np.asarray(pc.cast(pc.filter(text, pa.array(parsed)),
                                                  pa.float64()), np.float64)
-    ids = np.where(np.isnan(numbers), np.nan, (numbers >= value).astype(np.float64))
+    unknown = unknown | np.isinf(numbers)
+    ids = np.where(np.isfinite(numbers), (numbers >= value).astype(np.float64), np.nan)
     found = np.flatnonzero(unknown)
     return ids, (int(found[0]) if found.size else None)
 

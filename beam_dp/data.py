@@ -600,9 +600,11 @@ def blocks_from_shard(shard: Shard, label_column: str | None, feature_columns: S
                 if class_labels:
                     labels, unknown = _class_ids(encoding, batch, label_column, path)
                     if unknown is not None:
+                        what = ("a finite number (the schema's label_positive at_least)"
+                                if encoding.label_rule is not None else
+                                "one of the declared classes (--label-classes)")
                         raise DataError(f"{path}, row {row_start + unknown + 1}: column "
-                                        f"'{label_column}' holds a value that is not one of the "
-                                        "declared classes (--label-classes)")
+                                        f"'{label_column}' holds a value that is not {what}")
                 elif label_column is not None:
                     labels = _column_as_float(path, batch, label_column)
                 if labels is not None and encoding is not None and encoding.label_missing == "drop":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from beam_dp import user_level
 from beam_dp.algorithms.base import Stage
 from beam_dp.batches import LocalBatches
 from beam_dp.block import Block
@@ -40,7 +41,6 @@ class LocalAggregator:
     def cap_rows_per_user(self, max_rows: int) -> None:
         """User-level blocks (grouped by user) bounded to ``max_rows`` rows per user: each user
         is in one block, so the cap applies block by block (``user_level.bound_rows``)."""
-        from beam_dp import user_level
         self.blocks = [user_level.bound_rows(b, max_rows) for b in self.blocks]
 
     def close(self) -> None:

@@ -217,11 +217,6 @@ def user_starts(users: np.ndarray) -> np.ndarray:
     return np.flatnonzero(np.r_[True, users[1:] != users[:-1]])
 
 
-def distinct_users(block) -> int:
-    """Users in a block grouped by user (``group_by_user``)."""
-    return int(len(user_starts(block.users)))
-
-
 # ------------------------------------------------------------------------------ sampling users
 
 # The last spawn-key element of the per-step user-sampling keys: 2^63, which no block key (a

@@ -72,9 +72,14 @@ def choose_cap(histogram: np.ndarray, epsilon: float, seed: int,
         mechanisms.rng(seed, mechanisms.STREAM_COUNT, _AUTO_STREAM), quantile=AUTO_QUANTILE))
 
 
-def release_cost(exact: dict, cap: int, chosen, epsilon: float, seed: int,
+AUTO_CHOSEN = (f"auto: the {AUTO_QUANTILE:.0%} quantile of the rows per user (a power of two, "
+               f"at most {AUTO_MAX_ROWS}), by the exponential mechanism")
+
+
+def release_cost(exact: dict, cap: int, chosen: str, epsilon: float, seed: int,
                  ledger: accounting.Ledger) -> dict:
-    """The cap's cost (module docstring) for the report: noisy, post-processed, never exact."""
+    """The cap's cost (module docstring) for the report: noisy, post-processed, never exact;
+    ``chosen``: how the cap was chosen ("given", AUTO_CHOSEN, or auto's fallback)."""
     ledger.record("laplace_cap_cost", accounting.laplace_count_event(epsilon), epsilon=epsilon,
                   sensitivity="3 in L1 over (users above the cap, rows kept / cap, rows dropped "
                               "/ cap, each counted up to the cap)",
@@ -86,9 +91,7 @@ def release_cost(exact: dict, cap: int, chosen, epsilon: float, seed: int,
     above, kept, lost = np.maximum(noisy, 0.0) * np.array([1.0, cap, cap])
     return {
         "max_rows_per_user": cap,
-        "chosen": (f"auto: the {AUTO_QUANTILE:.0%} quantile of the rows per user (a power of "
-                   f"two, at most {AUTO_MAX_ROWS}), by the exponential mechanism"
-                   if chosen is True else chosen or "given"),
+        "chosen": chosen,
         "users_above_cap": round(float(above), 1),
         "rows_kept": round(float(kept), 1),
         "rows_dropped_at_least": round(float(lost), 1),
@@ -117,13 +120,13 @@ def release_users(config, aggregator, bounding, seed: int,
     dataset_size = release_dataset_size(config, aggregator, seed, ledger,
                                         lambda: users_pass()["users"])
     dataset_size["unit"] = "users"
-    cap, chosen = bounding.max_rows, False
+    cap, chosen = bounding.max_rows, "given"
     if bounding.auto:
         auto_epsilon = share(config.epsilon, AUTO_SHARE)
         error = rank_error(auto_epsilon)
         if error <= AUTO_RANK_ERROR * dataset_size["value"]:
             cap = choose_cap(users_pass()["rows_per_user"], auto_epsilon, seed, ledger)
-            chosen = True
+            chosen = AUTO_CHOSEN
         else:   # decided from public values, before anything is spent
             cap = user_level.DEFAULT_MAX_ROWS_PER_USER
             chosen = (f"auto fell back to the default {cap}: too few users for a private "
@@ -137,8 +140,7 @@ def release_users(config, aggregator, bounding, seed: int,
 def line(entry: dict) -> str:
     """One sentence for stderr."""
     how = ("auto, which kept the default: too few users for its private quantile"
-           if entry["chosen"].startswith("auto fell back") else
-           "auto" if entry["chosen"].startswith("auto") else "given")
+           if entry["chosen"].startswith("auto fell back") else entry["chosen"].split(":")[0])
     return (f"user-level: the cap of {entry['max_rows_per_user']} rows per user ({how}) cuts the "
             f"rows of about {entry['users_above_cap']:.0f} users, at least about "
             f"{entry['rows_dropped_share_at_least']:.0%} of all rows (noisy estimates, in the "

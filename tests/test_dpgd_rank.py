@@ -39,9 +39,12 @@ def test_dpgd_steps_is_n_eps_squared_over_two_rank_log_one_over_delta(n, epsilon
     assert dpgd_steps(n, None, delta, rank, max_steps) == max_steps
 
 
-@pytest.mark.parametrize("rank,expected_rank", [(4, 4), (None, 9)], ids=["given", "default-d+1"])
-def test_dpgd_plan_takes_its_steps_from_the_rank(rank, expected_rank):
-    n, d = 300, 8
+@pytest.mark.parametrize("rank,d,expected_rank", [(4, 8, 4), (None, 8, 9), (None, 400, 300)],
+                         ids=["given", "default-d+1", "default-n"])
+def test_dpgd_plan_takes_its_steps_from_the_rank(rank, d, expected_rank):
+    """The rank bound: given, else d + 1, else n where there are more columns than units (the
+    rank of n rows' gradients is at most n: hashed columns over few users)."""
+    n = 300
     g = np.random.default_rng(0)
     x = g.standard_normal((n, d))
     y = np.where(g.random(n) < 0.5, 1.0, -1.0)

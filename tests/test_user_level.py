@@ -65,7 +65,7 @@ def test_a_users_sum_is_clipped_even_split_over_blocks_before_grouping():
     owners = [set(b.users.tolist()) for b in grouped]
     heavy_key = int(_keys([HEAVY])[0])
     assert sum(heavy_key in o for o in owners) == 1
-    assert sum(user_level.distinct_users(b) for b in grouped) == 51
+    assert sum(len(user_level.user_starts(b.users)) for b in grouped) == 51
 
 
 def test_kept_rows_at_most_k_per_user_and_independent_of_other_users():

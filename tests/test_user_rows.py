@@ -56,14 +56,14 @@ def test_the_costs_noise_is_laplace_of_scale_3_over_epsilon():
     """Over 4,000 seeds, the noisy count of users above the cap minus the exact one: mean 0 and
     standard deviation sqrt(2) 3 / epsilon, within 4 standard errors (seeded)."""
     epsilon, exact = 0.5, {"caps": (8,), "above": [5000], "kept": [80000], "dropped": [20000]}
-    draws = np.array([user_rows.release_cost(exact, 8, False, epsilon, seed,
+    draws = np.array([user_rows.release_cost(exact, 8, "given", epsilon, seed,
                                              accounting.Ledger())["users_above_cap"] - 5000
                       for seed in range(4000)])
     std = np.sqrt(2) * 3 / epsilon
     assert abs(draws.mean()) < 4 * std / np.sqrt(len(draws))
     assert abs(draws.std() / std - 1) < 4 * np.sqrt(0.25 / len(draws)) * 2.5   # (kurtosis 6)
     # Shares: post-processing of the noisy values, near the truth at this size.
-    entry = user_rows.release_cost(exact, 8, False, epsilon, 0, accounting.Ledger())
+    entry = user_rows.release_cost(exact, 8, "given", epsilon, 0, accounting.Ledger())
     assert entry["rows_dropped_share_at_least"] == pytest.approx(0.2, abs=0.01)
 
 
