@@ -291,6 +291,7 @@ class _Run:
     encoding: Encoding | None = None
     quality: dict | None = None   # the private quality check's report (None: not asked, the audit)
     choice: dict | None = None    # what --algorithm auto chose and why (None: named by the user)
+    step_sums: object = None      # who summed the steps over sampled batches (Beam: step_costs)
 
 
 def _imputed_policies(missing: dict | None) -> bool:
@@ -531,7 +532,8 @@ def _fit(request: _Request, checked: _Checked, read: _Input, problem: spec.Probl
         aggregator.close()
     return _Run(result, budget.ledger, chosen, options, request.privacy, loss,
                 list(read.feature_columns), encoding, verdict,
-                checked.choice.report() if checked.choice is not None else None)
+                checked.choice.report() if checked.choice is not None else None,
+                getattr(aggregator, "step_sums", None))
 
 
 def _job_results(aggregator, problem: spec.Problem):
@@ -564,6 +566,8 @@ def _model_of(run: _Run, request: _Request) -> "Model":
     report.compose_with_inputs(privacy_report, request.table.vocabulary)
     if run.choice is not None:
         privacy_report["algorithm_choice"] = run.choice
+    if run.step_sums is not None:   # (from public values only: the runner, q n, d)
+        privacy_report["step_sums"] = dataclasses.asdict(run.step_sums)
     # stacklevel 3: the warnings point at the caller of train
     for message in _warnings(privacy_report, run.result.dataset_size):
         privacy_report.setdefault("warnings", []).append(message)

@@ -14,23 +14,27 @@ parts of a step that play different roles, e.g. DP-AMBSSGD's statistics and grad
 Batch files (Beam runner) hold the raw rows of the input: they are written under the job's temp
 location, inside the same trust boundary as the input, deleted when training ends, and never
 named in any output. Steps are grouped (``steps_per_file`` consecutive steps, about FILE_BYTES
-of rows); per group, each shard's pieces are one Arrow IPC file (columnar and cheap to write and
-read back; compressed with LZ4 on a remote temp location, see ``compression``), one record
-batch per piece with columns ``features`` (a fixed-size list of d float64), ``label``, ``step``
-and ``tag``; an index (JSON) names the group's piece files in shard order. The index is written
-from the job's shuffle, so it names only the pieces of committed work, never those of a failed
-and retried attempt.
+of rows); a group is a few Arrow IPC files (``group_parts``: columnar and cheap to write and read
+back; compressed with LZ4 on a remote temp location, see ``compression``), each holding the
+pieces of a contiguous run of shards, a record batch per shard with columns ``features`` (a
+fixed-size list of d float64), ``label``, ``step``, ``tag`` and ``piece``. The driver names the
+files the job's output gives, so only committed work is read, never a failed and retried
+attempt's.
 
 A run that makes a final pass over the model it trained (the quality check, ``base.FinalStage``)
 asks for *every row* as well: the batch job then also writes each shard's blocks whole, as one
-more group after the steps' (``rows_group``), so that the pass runs on the driver from these
-files rather than in a job of its own that reads the input again (issue 33: a DP-SGD run is then
-one job fewer).
+more group after the steps' (``rows_group``), so that the pass runs over these files rather than
+in a job of its own that reads the input again (issue 33: a DP-SGD run is then one job fewer).
+
+The steps are summed by the driver (``FileBatches``: a step's batch at a time) or by the workers
+(``StepOverFiles`` over ``step_blocks``: each file's rows per step, in step jobs whose only
+output is the model; issue 35), as ``beam_dp.step_costs`` chooses.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import BinaryIO, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -59,6 +63,10 @@ class PoissonPlan:
 
     sampler: PoissonSampler
     expected_rows: float     # of a step's batch: q n (sizes the batch files)
+
+    @property
+    def expected_total_rows(self) -> float:   # n, public (sizes the files of every row)
+        return self.expected_rows / self.sampler.rate
 
     def pieces(self, block: Block, steps: Iterable[int]) -> Iterator[tuple[int, Block]]:
         for step, rows in self.sampler.rows_of_steps(block, steps):
@@ -151,13 +159,37 @@ def steps_per_file(expected_batch_rows: float, dim: int) -> int:
     return max(1, int(FILE_BYTES // max(1.0, expected_batch_rows * row_bytes)))
 
 
-def pieces_name(group: int, shard: int, attempt: str) -> str:
-    """A shard's pieces of a group's steps. Zero-padded, so that names sort by shard."""
-    return f"pieces-{group:06d}-{shard:06d}-{attempt}.arrow"
+# Each group of steps is written as a few files ("parts"), whatever the number of shards: at least
+# PARTS (so that the workers can sum a step's rows in parallel, ``BatchFileSteps``) and more only
+# where a group's rows pass FILE_BYTES, never more than there are shards. A part holds the pieces
+# of a contiguous run of shards, so the parts in order hold the pieces in shard order. (At 10^9
+# rows a file per step and shard made ~1.9 x 10^8 small files: issue 35.)
+PARTS = 8
 
 
-def index_name(group: int) -> str:
-    return f"batches-{group:06d}.json"
+def group_parts(expected_bytes: float, shards: int) -> int:
+    """How many files a group of about ``expected_bytes`` of rows is written as."""
+    return max(1, min(shards, max(PARTS, math.ceil(expected_bytes / FILE_BYTES))))
+
+
+def part_of_shard(index: int, shards: int, parts: int) -> int:
+    """The part of a group that shard ``index`` (of ``shards``) writes its pieces into."""
+    return index * parts // max(1, shards)
+
+
+def group_file_name(group: int, part: int, attempt: str) -> str:
+    """A part of a group's steps. Zero-padded, so that names sort by group, then part."""
+    return f"group-{group:06d}-{part:05d}-{attempt}.arrow"
+
+
+def group_of_file(name: str) -> int:
+    return int(name.split("-")[1])
+
+
+def shard_file_name(shard: int, attempt: str) -> str:
+    """A shard's pieces of every group (a record batch per group), until the job merges them
+    into the groups' files and the driver deletes it."""
+    return f"shard-{shard:06d}-{attempt}.arrow"
 
 
 def rows_group(steps: int, steps_per_file: int) -> int:
@@ -166,28 +198,38 @@ def rows_group(steps: int, steps_per_file: int) -> int:
     return -(-steps // steps_per_file)
 
 
-PIECES_PATTERN, INDEX_PATTERN = "pieces-*.arrow", "batches-*.json"
+GROUP_PATTERN, SHARD_PATTERN = "group-*.arrow", "shard-*.arrow"
 
 # A piece as the batch job writes it: (step, tag, features, labels).
 Piece = tuple
 # The batch files' layout: part of a batch job's fingerprint, so that a resumed run never reads
-# files an older version wrote (2: one record batch per file, with a piece column).
-FILE_FORMAT = 2
+# files an older version wrote (2: one record batch per file, with a piece column; 3: a few
+# files per group of steps, one record batch per shard).
+FILE_FORMAT = 3
 
 
 def as_piece(step: int, block: Block) -> Piece:
     return (step, block.tag, block.features, block.labels)
 
 
-def write_pieces(f: BinaryIO, pieces: Sequence[Piece], dim: int, codec: str | None = None) -> None:
-    """The pieces (a shard's blocks in order) as one record batch, a ``piece`` column numbering
-    them, compressed with ``codec`` (see ``compression``). One batch per file, not per piece:
-    the batch job writes ~1,000 pieces per file, and a record batch each cost ~0.1 ms of Python
-    and Arrow overhead (0.55 s of a 1.2 s DP-SGD run on Beam's in-process runner)."""
+def write_pieces(f: BinaryIO, groups: Sequence[Sequence[Piece]], dim: int,
+                 codec: str | None = None) -> None:
+    """Each group's pieces (a shard's blocks in order) as one record batch, a ``piece`` column
+    numbering them, compressed with ``codec`` (see ``compression``). A batch per group, not per
+    piece: the batch job writes ~1,000 pieces per group, and a record batch each cost ~0.1 ms of
+    Python and Arrow overhead (0.55 s of a 1.2 s DP-SGD run on Beam's in-process runner)."""
     # Labels keep their encoded type (class ids are integers, for indexing).
-    label_type = pa.from_numpy_dtype(pieces[0][3].dtype) if pieces else pa.float64()
+    first = next((p for pieces in groups for p in pieces), None)
+    label_type = pa.from_numpy_dtype(first[3].dtype) if first is not None else pa.float64()
     schema = pa.schema([("features", pa.list_(pa.float64(), dim)), ("label", label_type),
                         ("step", pa.int64()), ("tag", pa.int64()), ("piece", pa.int64())])
+    with pa.ipc.new_file(f, schema, options=pa.ipc.IpcWriteOptions(compression=codec)) as writer:
+        for pieces in groups:
+            writer.write_batch(_record_batch(pieces, dim, schema))
+
+
+def _record_batch(pieces: Sequence[Piece], dim: int, schema) -> pa.RecordBatch:
+    label_type = schema.field("label").type
     lengths = np.array([len(p[3]) for p in pieces], dtype=np.int64)
     steps = np.repeat(np.array([p[0] for p in pieces], dtype=np.int64), lengths)
     tags = np.repeat(np.array([p[1] for p in pieces], dtype=np.int64), lengths)
@@ -196,10 +238,27 @@ def write_pieces(f: BinaryIO, pieces: Sequence[Piece], dim: int, codec: str | No
                 if pieces else np.zeros(0))
     labels = (np.concatenate([p[3] for p in pieces]) if pieces
               else np.zeros(0, label_type.to_pandas_dtype()))
-    with pa.ipc.new_file(f, schema, options=pa.ipc.IpcWriteOptions(compression=codec)) as writer:
-        writer.write_batch(pa.record_batch([
-            pa.FixedSizeListArray.from_arrays(pa.array(features), dim), pa.array(labels),
-            pa.array(steps), pa.array(tags), pa.array(numbers)], schema=schema))
+    return pa.record_batch([
+        pa.FixedSizeListArray.from_arrays(pa.array(features), dim), pa.array(labels),
+        pa.array(steps), pa.array(tags), pa.array(numbers)], schema=schema)
+
+
+def merge_pieces(f: BinaryIO, sources: Sequence[tuple[BinaryIO, int]],
+                 codec: str | None = None) -> None:
+    """One file of record batches from other files, in the given order: ``sources`` are
+    (seekable file, batch number) pairs, each file a ``write_pieces`` file (only the footer and
+    the batch are read). ``read_pieces`` reads the result as one sequence of pieces."""
+    writer = None
+    try:
+        for source, number in sources:
+            reader = pa.ipc.open_file(source)
+            if writer is None:
+                writer = pa.ipc.new_file(f, reader.schema,
+                                         options=pa.ipc.IpcWriteOptions(compression=codec))
+            writer.write_batch(reader.get_batch(number))
+    finally:
+        if writer is not None:
+            writer.close()
 
 
 def read_pieces(data: bytes) -> Iterator[Piece]:
@@ -220,11 +279,55 @@ def read_pieces(data: bytes) -> Iterator[Piece]:
             yield int(steps[a]), int(tags[a]), features[a:b], labels[a:b]
 
 
+def step_blocks(data: bytes, source: str) -> list[Block]:
+    """A batch file's rows as the workers sum them: a Block per (step, tag), its pieces joined
+    in the file's order, its ``step`` set."""
+    by_step: dict[tuple, list] = {}
+    for step, tag, features, labels in read_pieces(data):
+        by_step.setdefault((step, tag), []).append((features, labels))
+    blocks = []
+    for (step, tag), parts in sorted(by_step.items()):
+        block = _join_arrays(tag, parts)
+        block.source, block.step = source, step
+        blocks.append(block)
+    return blocks
+
+
+@dataclasses.dataclass(frozen=True)
+class StepOverFiles:
+    """A step over batches fixed in advance, summed by the workers over the batch files' blocks
+    (``step_blocks``) rather than by the driver over the step's batch: a block counts only in
+    the step whose batch it is in (its ``step``). ``step`` None: a final stage (``base.
+    FinalStage``) over every row, the blocks of ``rows_step`` (``rows_group``)."""
+
+    stage: object
+    rows_step: int | None = None
+
+    @property
+    def shape(self):
+        return self.stage.shape
+
+    def zero_sum(self):
+        make = getattr(self.stage, "zero_sum", None)
+        return make() if make is not None else np.zeros(self.stage.shape)
+
+    def partial_sum(self, block: Block, state):
+        if self.rows_step is not None:
+            return (self.stage.partial_sum(block, state) if block.step == self.rows_step
+                    else self.zero_sum())
+        if block.step != state.step:
+            return self.zero_sum()
+        return self.stage.selected_sum(block, state)
+
+    def apply(self, state, total):
+        return self.stage.apply(state, total)
+
+
 @dataclasses.dataclass
 class Manifest:
     """What the driver writes (``DONE``) once a batch job has succeeded: which run's plan the
     files hold, so that a resumed run reuses them only if they are complete and its own, and the
-    groups' index files (a group with no rows at all has none)."""
+    groups' files (a group with no rows at all has none)."""
 
     fingerprint: str
     steps: int
@@ -239,13 +342,22 @@ class Manifest:
     def loads(cls, text: str) -> "Manifest":
         return cls(**json.loads(text))
 
+    def group_files(self, group: int) -> list[str]:
+        """A group's files in part order (so its pieces come in shard order)."""
+        return sorted(name for name in self.files if group_of_file(name) == group)
+
+    def groups_of_steps(self, first: int, count: int) -> range:
+        return range(first // self.steps_per_file, (first + count - 1) // self.steps_per_file + 1)
+
 
 class FileBatches:
     """The driver's reader of a finished batch job's files, for steps in increasing order (one
     group of steps in memory at a time). ``read(name) -> bytes`` reads a file of the batch
-    directory. A group's index names its piece files in shard order, and a piece file holds a
-    shard's pieces in block order: joined per tag in that order, a step's batch has the arrays
-    ``assemble`` makes (the local runner's)."""
+    directory. A group's parts hold the shards' pieces in shard order, and a shard's pieces are
+    in block order: joined per tag in that order, a step's batch has the arrays ``assemble``
+    makes (the local runner's)."""
+
+    on_workers = False   # the driver sums the steps (``BatchFileSteps`` sets it for the workers)
 
     def __init__(self, manifest: Manifest, read: Callable[[str], bytes]):
         self.manifest, self.read = manifest, read
@@ -255,22 +367,20 @@ class FileBatches:
         group = step // self.manifest.steps_per_file
         if group != self._group:
             self._steps = {}
-            name = index_name(group)
-            names = json.loads(self.read(name)) if name in self.manifest.files else []
-            for piece_file in names:
-                for s, tag, features, labels in read_pieces(self.read(piece_file)):
+            for name in self.manifest.group_files(group):
+                for s, tag, features, labels in read_pieces(self.read(name)):
                     self._steps.setdefault(s, {}).setdefault(tag, []).append((features, labels))
             self._group = group
         return [_join_arrays(tag, parts) for tag, parts in sorted(self._steps.get(step, {}).items())]
 
     def every_row(self) -> Iterator[Block]:
-        """Every row of the input once, a shard's block at a time (one piece file in memory),
-        in the job's shard and block order; only from a job that wrote them."""
+        """Every row of the input once, a shard's block at a time (one file in memory), in the
+        job's shard and block order; only from a job that wrote them."""
         if not self.manifest.every_row:
             raise ValueError("this batch job did not write every row")
-        name = index_name(rows_group(self.manifest.steps, self.manifest.steps_per_file))
-        for piece_file in (json.loads(self.read(name)) if name in self.manifest.files else []):
-            for _, tag, features, labels in read_pieces(self.read(piece_file)):
+        group = rows_group(self.manifest.steps, self.manifest.steps_per_file)
+        for name in self.manifest.group_files(group):
+            for _, tag, features, labels in read_pieces(self.read(name)):
                 yield _join_arrays(tag, [(features, labels)])
 
 

@@ -45,6 +45,9 @@ class Block:
     # Each row's user's number of rows before the cap on rows per user (``user_level.
     # group_by_user`` sets it): what the private histogram of rows per user counts.
     user_rows: np.ndarray | None = None
+    # A batch file's rows (``beam_dp.batches``, summed by the workers): the step whose batch
+    # they are in, or ``steps`` for every row once (``rows_group``); None: rows of the input.
+    step: int | None = None
 
     def __post_init__(self):
         if self.sq_norms is None:

@@ -20,8 +20,8 @@ TRUST_MODEL = (
     "protect {beyond} beyond what group privacy gives, nor the "
     "validation data, nor hyperparameters chosen by looking at the data, which are treated as "
     "public. A runner's job graphs and staging location are inside the boundary too: a DP-GD "
-    "job's graph holds the noise keys of its steps, an objective-perturbation job's the "
-    "objective's noise.")
+    "job's graph (and a DP-SGD step job's) holds the noise keys of its steps, an "
+    "objective-perturbation job's the objective's noise.")
 
 
 def model_artifact(loss: losses_mod.GlmLoss, theta: np.ndarray, feature_columns, label_column,

@@ -421,6 +421,9 @@ def _build(model: dict, privacy: dict, metrics: dict | None) -> str:
     if isinstance(cap, dict):   # user-level: what the cap on rows per user cost (noisy)
         from beam_dp import user_rows
         summary.append(("rows per user", f"{_e(user_rows.line(cap))}<br>{_e(cap.get('note', ''))}"))
+    if isinstance(privacy.get("step_sums"), dict):   # Beam, sampled batches: who summed them
+        from beam_dp import step_costs
+        summary.append(("step sums", _e(step_costs.Choice(**privacy["step_sums"]).line())))
     for key, label in (("steps", "steps"), ("noise_multiplier", "noise multiplier"),
                        ("clip_norm", "clip norm"), ("sampling", "sampling"),
                        ("sampling_probability", "sampling probability"),

@@ -58,7 +58,7 @@ def test_pieces_file_round_trip_keeps_features_labels_steps_and_tags(loss, codec
               (5, _block(5, d, "a.parquet", 0, 4, 0, loss)),
               (7, _block(1, d, "a.parquet", 3, 5, -1, loss))]
     f = io.BytesIO()
-    batches.write_pieces(f, [batches.as_piece(step, b) for step, b in blocks], d, codec)
+    batches.write_pieces(f, [[batches.as_piece(step, b) for step, b in blocks]], d, codec)
     read = list(batches.read_pieces(f.getvalue()))
 
     assert len(read) == len(blocks)
@@ -74,28 +74,29 @@ def test_pieces_file_round_trip_keeps_features_labels_steps_and_tags(loss, codec
     assert batches.compression("/tmp/x") is None
 
 
-def _write_job_files(location, pieces, shards, per_file, d, name_order):
-    """What the batch job writes, made here without Beam: per (group of steps, shard) one
-    pieces file holding the shard's pieces in block order; per group an index written by the
-    job's own ``_write_index`` from the names in the order ``name_order`` gives them (the
-    shuffle's order is arbitrary)."""
-    from beam_dp.beam.batches import _write_index
+def _write_job_files(location, pieces, shards, per_file, d, parts, arrival_order):
+    """What the batch job writes, made here without Beam: per shard one file of its pieces
+    in block order, a record batch per group, the (group, part) of each batch; per (group, part)
+    one file written by the job's own ``_write_group_file`` from those batches' names in the
+    order ``arrival_order`` gives them (the shuffle's order is arbitrary)."""
+    from beam_dp.beam.batches import _write_group_file
 
-    names = {}
+    keyed = {}
     for index, shard in enumerate(shards):
         ordered = sorted(((step, b) for step, b in pieces if b.source == shard),
                          key=lambda p: (p[1].row_start, p[0], p[1].tag))
         by_group = {}
         for step, block in ordered:
             by_group.setdefault(step // per_file, []).append(batches.as_piece(step, block))
-        for group, group_pieces in by_group.items():
-            name = batches.pieces_name(group, index, "attempt")
-            with open(os.path.join(location, name), "wb") as f:
-                batches.write_pieces(f, group_pieces, d)
-            names.setdefault(group, []).append(name)
+        name = batches.shard_file_name(index, "attempt")
+        with open(os.path.join(location, name), "wb") as f:
+            batches.write_pieces(f, [by_group[g] for g in sorted(by_group)], d)
+        for number, group in enumerate(sorted(by_group)):
+            part = batches.part_of_shard(index, len(shards), parts)
+            keyed.setdefault((group, part), []).append((index, name, number))
     written = []
-    for group, group_names in names.items():
-        written += list(_write_index((group, name_order(group_names)), location))
+    for key, sources in keyed.items():
+        written += list(_write_group_file((key, arrival_order(sources)), location))
     return sorted(written)
 
 
@@ -117,10 +118,11 @@ def test_assemble_order_is_what_file_batches_return_for_shuffled_pieces(tmp_path
     per_file = 2
     kept = [(s, b) for s, b in shuffled if s // per_file != 1]
     rng = random.Random(6)
-    index_files = _write_job_files(str(tmp_path), kept, shards, per_file, d,
-                                   lambda names: rng.sample(names, len(names)))
-    assert index_files == [batches.index_name(0), batches.index_name(2)]
-    manifest = batches.Manifest("x", 6, per_file, index_files)
+    files = _write_job_files(str(tmp_path), kept, shards, per_file, d, 2,
+                             lambda items: rng.sample(items, len(items)))
+    # Two parts per group (shards a | b, c), only groups 0 and 2 have rows.
+    assert sorted(batches.group_of_file(f) for f in files) == [0, 0, 2, 2]
+    manifest = batches.Manifest("x", 6, per_file, files)
     reader = batches.FileBatches(manifest, lambda name: (tmp_path / name).read_bytes())
     for step in range(6):
         got = reader.get(step)
@@ -230,9 +232,8 @@ def test_local_batches_equal_the_batches_the_beam_job_writes(tmp_path, monkeypat
     with aggregator.step_batches(plan, steps) as written:
         assert [j["kind"] for j in aggregator.jobs] == ["batches"]
         assert written.location.startswith(str(temp))
-        indexes = sorted(n for n in os.listdir(written.location) if n.endswith(".json")
-                         and n != batches.DONE)
-        assert indexes == written.manifest.files and len(indexes) >= 2
+        group_files = sorted(n for n in os.listdir(written.location) if n.endswith(".arrow"))
+        assert group_files == written.manifest.files and len(group_files) >= 2
         for step in range(steps):
             got, expected = written.get(step), local.get(step)
             _same_blocks(got, expected)
@@ -259,7 +260,7 @@ def test_pieces_round_trip_in_one_record_batch_keeping_each_piece():
               (1, 0, np.zeros((0, 3)), np.zeros(0, dtype=np.int64)),
               (1, 1, g.standard_normal((1, 3)), np.array([0]))]
     f = io.BytesIO()
-    batches.write_pieces(f, pieces, 3)
+    batches.write_pieces(f, [pieces], 3)
     back = list(batches.read_pieces(f.getvalue()))
     kept = [p for p in pieces if len(p[3])]
     assert [(s, t) for s, t, _, _ in back] == [(s, t) for s, t, _, _ in kept]

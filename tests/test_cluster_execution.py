@@ -306,6 +306,51 @@ def test_same_model_on_external_worker_processes(tmp_path, request, worker_pool,
             np.testing.assert_allclose(portable, local, rtol=1e-9, atol=1e-12 * np.abs(local).max())
 
 
+@pytest.mark.slow
+def test_workers_sum_dpsgds_steps_on_external_worker_processes(tmp_path, binary, worker_pool,
+                                                               beam_jobs, monkeypatch):
+    """Issue 35 on real worker processes (the pool's, 2 per job): --step_sums workers gives
+    driver mode's model for the same seed, in the batch job and the step jobs the plan needs,
+    the driver reading at most 64 KB a step (the model after each job, never a batch)."""
+    from worker_pool import _run_with_timeout
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+    from apache_beam.transforms import environments
+
+    address, pool_log = worker_pool
+    made = beam_aggregator.BeamAggregator.__init__
+
+    def external(self, *args, **kwargs):
+        kwargs["make_runner"] = lambda: FnApiRunner(
+            default_environment=environments.ExternalEnvironment(address))
+        made(self, *args, **kwargs)
+
+    monkeypatch.setattr(beam_aggregator.BeamAggregator, "__init__", external)
+    # 3 steps per group of files, at most 12 steps a job: 40 steps in 4 step jobs.
+    monkeypatch.setattr(batches, "FILE_BYTES", 3 * 150 * 8 * (D + 2))
+    monkeypatch.setattr(beam_aggregator, "MAX_STEPS_PER_JOB", 12)
+    models, read = {}, {}
+    for mode in ("driver", "workers"):
+        before, jobs_before = beam_aggregator.DRIVER_BYTES_READ[0], len(beam_jobs)
+        started = pool_log.read_text(errors="replace")
+        assert _run_with_timeout([str(a) for a in [
+            "train", "--input", binary["glob"], "--output", tmp_path / mode, "--algorithm",
+            "dpsgd", "--epsilon", 2.0, "--steps", 40, "--batch-size", 150, "--seed", 5,
+            "--batch-rows", BATCH_ROWS, "--runner", "FnApiRunner", "--direct_num_workers", 2,
+            "--temp_location", tmp_path / "temp", "--step_sums", mode]]) == 0
+        read[mode] = beam_aggregator.DRIVER_BYTES_READ[0] - before
+        models[mode] = model_theta(tmp_path / mode)
+        jobs = beam_jobs[jobs_before:]
+        log = pool_log.read_text(errors="replace")[len(started):]
+        assert log.count("Starting worker with command") == 2 * len(jobs), _kinds(jobs)
+        expected = [("batches", 40)] + ([] if mode == "driver" else
+                                        [("steps", 12), ("steps", 12), ("steps", 12),
+                                         ("steps", 4 + 1)])   # (+1: the quality check)
+        assert _kinds(jobs) == expected
+    np.testing.assert_allclose(models["workers"], models["driver"], rtol=1e-9, atol=1e-12)
+    assert read["workers"] / 40 <= 64 << 10 and read["driver"] > 10 * read["workers"], read
+    assert read_json(tmp_path / "workers" / "privacy_report.json")["step_sums"]["mode"] == "workers"
+
+
 # ============================================================================ 2. jobs per run
 
 
@@ -585,18 +630,18 @@ def test_a_runner_with_workers_elsewhere_needs_a_temp_location(tmp_path, cli, bi
 
 
 def test_batches_the_driver_cannot_see_stop_the_run(tmp_path, cli, binary, monkeypatch):
-    """If the index files the batch job wrote are not all visible to the driver (workers that
-    wrote elsewhere), the run stops rather than train on empty batches."""
+    """If the files the batch job wrote are not all visible to the driver (workers that wrote
+    elsewhere), the run stops rather than train on empty batches."""
     from beam_dp.beam import aggregator as aggregator_mod
 
     real_match = aggregator_mod.FileSystems.match
 
-    def hide_indexes(patterns, *args, **kwargs):
-        if any(p.endswith(batches.INDEX_PATTERN) for p in patterns):
-            patterns = [p.replace(batches.INDEX_PATTERN, "nothing-*") for p in patterns]
+    def hide_group_files(patterns, *args, **kwargs):
+        if any(p.endswith(batches.GROUP_PATTERN) for p in patterns):
+            patterns = [p.replace(batches.GROUP_PATTERN, "nothing-*") for p in patterns]
         return real_match(patterns, *args, **kwargs)
 
-    monkeypatch.setattr(aggregator_mod.FileSystems, "match", hide_indexes)
+    monkeypatch.setattr(aggregator_mod.FileSystems, "match", hide_group_files)
     temp = tmp_path / "temp"
     with pytest.raises(RuntimeError, match="--temp_location"):
         cli(*_dpsgd_args(binary, tmp_path / "out", temp))

@@ -212,6 +212,19 @@ def run_chunks(aggregator: Aggregator, step_fn: Stage, state: TrainState, total_
             # Checkpointed at once, so that a run that dies from here on resumes with these.
             plan["batch_files"] = batches.location
             after_chunk(state, 0)
+        while state.step < total_steps and getattr(batches, "on_workers", False):
+            # Summed by the workers (issue 35): a job per chunk of steps, the model its only
+            # output; the final stage in the last job, over every row's files.
+            remaining = total_steps - state.step
+            k = min(steps_per_job or
+                    aggregator.steps_per_job_over_batches(batches, step_fn, remaining, state),
+                    remaining)
+            restrict = getattr(step_fn, "for_steps", None)
+            stage = restrict(state.step, k) if restrict is not None else step_fn
+            last = final is not None and state.step + k >= total_steps
+            state = aggregator.run_stages_over_batches(batches, [stage] * k, state,
+                                                       final if last else None)
+            after_chunk(state, k)
         while state.step < total_steps:
             k = min(chunk, total_steps - state.step)
             for _ in range(k):

@@ -134,6 +134,10 @@ class Assignment:
     stat_fraction: float
     expected_rows: float = 0.0     # of a step: n / T (sizes the batch files)
 
+    @property
+    def expected_total_rows(self) -> float:   # n, public (sizes the files of every row)
+        return self.expected_rows * self.blocks
+
     def pieces(self, block: Block, steps):
         wanted = set(steps)
         for part in self(block):

@@ -37,11 +37,12 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions, TestOptions
 from apache_beam.utils.shared import Shared
 
-from beam_dp import batches, data
+from beam_dp import batches, data, step_costs
 from beam_dp.algorithms.base import JobLimitReached, Stage
-from beam_dp.beam.batches import WriteStepBatches
+from beam_dp.beam.batches import BatchFile, WriteStepBatches, read_batch_file
 from beam_dp.beam.cache import ShardCache
 from beam_dp.beam.job_results import MISSING, JobResults
+from beam_dp.beam.options import StepSumOptions
 from beam_dp.beam.transforms import (FILE_OPENS, METRICS_NAMESPACE, ReadShards, RunStages,
                                      ShardReader, StateFile, _position, open_file)
 from beam_dp.beam.transforms import GroupUsers
@@ -74,18 +75,24 @@ def _write_pickle(value, path):
         f.write(pickle.dumps(value))
 
 
+# Bytes the driver has read from files (job results, batch files, manifests): what issue 35's
+# worker-side steps bound per step (the benchmark and tests read it).
+DRIVER_BYTES_READ = [0]
+
+
 def _take_pickle(path):
     """Reads the value a pipeline saved for the driver and deletes the file: nothing the driver
     reads back (an exact count, a state) is left in the work directory after the job."""
-    with FileSystems.open(path) as f:
-        value = pickle.loads(f.read())
+    value = pickle.loads(_read_bytes(path, CompressionTypes.AUTO))
     FileSystems.delete([path])
     return value
 
 
-def _read_bytes(path: str) -> bytes:
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        return f.read()
+def _read_bytes(path: str, compression=CompressionTypes.UNCOMPRESSED) -> bytes:
+    with FileSystems.open(path, compression_type=compression) as f:
+        data = f.read()
+    DRIVER_BYTES_READ[0] += len(data)
+    return data
 
 
 def _delete_tree(location: str) -> None:
@@ -236,6 +243,7 @@ class BeamAggregator:
         # running it; its result is left for the next launch (``keep_job_results``).
         self.writes_templates = bool(given.get("template_location"))
         self.job_results: JobResults | None = None
+        self.step_sums: step_costs.Choice | None = None   # who sums the steps (step_batches)
 
     def cap_rows_per_user(self, max_rows: int) -> None:
         """The jobs from here on bound each user to ``max_rows`` rows (--max-rows-per-user auto,
@@ -376,7 +384,13 @@ class BeamAggregator:
         return count
 
     def run_stages(self, stages: Sequence[Stage], state):
-        path, found, key = self._next_job("stages", len(stages))
+        return self._stages_job(stages, state,
+                                lambda initial, path: self.stages_pipeline(stages, initial, path))
+
+    def _stages_job(self, stages: Sequence[Stage], state, build, kind: str = "stages"):
+        """Runs ``build(initial state, result path)``'s job and returns its final state; a state
+        too large for the job's graph goes to the job in a file (``StateFile``)."""
+        path, found, key = self._next_job(kind, len(stages))
         if found is not MISSING:
             return found
         initial = state
@@ -384,7 +398,7 @@ class BeamAggregator:
             initial = StateFile(self._side_file(key, "initial-state"))
             _write_pickle(state, initial.path)
         try:
-            self._run("stages", self.stages_pipeline(stages, initial, path), steps=len(stages))
+            self._run(kind, build(initial, path), steps=len(stages))
         finally:
             # (a template's job reads its state file after this launch: kept with its result)
             if initial is not state and key is None:
@@ -426,8 +440,9 @@ class BeamAggregator:
         if resume:
             manifest = self._manifest(resume)
             if manifest is not None and manifest.fingerprint == fingerprint:
-                return BatchFiles(resume, manifest, keep)
+                return self._batch_files(resume, manifest, keep, plan)
             _delete_tree(resume)   # incomplete, or another plan's: made anew
+        # (the choice is the same on a resume: from public values only)
         written, found, key = self._next_job("batches", steps)
         # (where a template's job will write them: named by its key, for the next launch)
         location = FileSystems.join(self.temp_root,
@@ -439,16 +454,22 @@ class BeamAggregator:
                 self._run("batches", self.batches_pipeline(plan, steps, location, written,
                                                            every_row), steps=steps)
                 found = _take_pickle(written) if FileSystems.exists(written) else None
-            names = sorted(os.path.basename(m.path) for r in FileSystems.match(
-                [FileSystems.join(location, batches.INDEX_PATTERN)])
-                for m in r.metadata_list)
-            if found is None or sorted(found) != names:
+            names = {os.path.basename(m.path) for r in FileSystems.match(
+                [FileSystems.join(location, batches.GROUP_PATTERN)]) for m in r.metadata_list}
+            # (a retried worker's unfinished attempt may have left more: never named, never read)
+            if found is None or not set(found) <= names:
                 raise RuntimeError(
                     f"the workers' mini-batches are not all readable here under {self.temp_root}: "
                     "give --temp_location, a location this driver and the workers share")
+            # The shards' files, merged into the groups' by the job: deleted before the job
+            # counts as done (a resume then finds only the groups' files).
+            spent = [m.path for r in FileSystems.match(
+                [FileSystems.join(location, batches.SHARD_PATTERN)]) for m in r.metadata_list]
+            if spent:
+                FileSystems.delete(spent)
             manifest = batches.Manifest(fingerprint, steps,
-                                        batches.steps_per_file(plan.expected_rows, self.dim), names,
-                                        every_row)
+                                        batches.steps_per_file(plan.expected_rows, self.dim),
+                                        sorted(found), every_row)
             with FileSystems.create(FileSystems.join(location, batches.DONE)) as f:
                 f.write(manifest.dumps().encode())
         except BaseException as e:
@@ -457,7 +478,56 @@ class BeamAggregator:
                     (self.writes_templates or self.options.view_as(TestOptions).dry_run)):
                 _delete_tree(location)
             raise
-        return BatchFiles(location, manifest, keep)
+        return self._batch_files(location, manifest, keep, plan)
+
+    def _batch_files(self, location, manifest, keep, plan) -> BatchFiles:
+        files = BatchFiles(location, manifest, keep)
+        given, options = self.options.view_as(StepSumOptions).step_sums, self.options.get_all_options()
+        remote = self.make_runner is not None or options.get("runner") not in IN_PROCESS_RUNNERS
+        # (the workers the options name, if any: Dataflow's, or a local pool's processes)
+        workers = (options.get("max_num_workers") or options.get("num_workers")
+                   or options.get("direct_num_workers") or None)
+        self.step_sums = step_costs.choose(given, remote, plan.expected_rows, self.dim, workers)
+        files.on_workers = self.step_sums.mode == "workers"
+        return files
+
+    def run_stages_over_batches(self, files: BatchFiles, stages: Sequence[Stage], state,
+                                final: Stage | None = None):
+        """Steps over batches fixed in advance (``stages``: consecutive steps from
+        ``state.step``), summed by the workers from the batch files (``batches.
+        StepOverFiles``), and ``final`` after them over every row: one job, whose inputs are the
+        files of the groups its steps read; the driver gets back only the state."""
+        manifest = files.manifest
+        groups = list(manifest.groups_of_steps(state.step, len(stages)))
+        if final is not None:
+            groups.append(batches.rows_group(manifest.steps, manifest.steps_per_file))
+        inputs = [BatchFile(FileSystems.join(files.location, name))
+                  for group in groups for name in manifest.group_files(group)]
+        wrapped = [batches.StepOverFiles(stage) for stage in stages]
+        if final is not None:
+            wrapped.append(batches.StepOverFiles(final, rows_step=manifest.steps))
+        if not inputs:   # no rows in these steps' batches: nothing for a job to read
+            for stage in wrapped:
+                state = stage.apply(state, stage.zero_sum())
+            return state
+
+        def build(initial, path):
+            p = self._pipeline()
+            (p | "BatchFiles" >> ReadShards(inputs)
+               | "Steps" >> RunStages(wrapped, initial, read_batch_file, self.cache,
+                                      min(_position(f) for f in inputs))
+               | "SaveState" >> beam.Map(_write_pickle, path))
+            return p
+        return self._stages_job(wrapped, state, build, kind="steps")
+
+    def steps_per_job_over_batches(self, files: BatchFiles, stage: Stage, remaining: int,
+                                   state=None) -> int:
+        """``steps_per_job``, cut at a group's end where that leaves a whole group or more:
+        a job then reads each of its files once (a worker's cache does not outlive its job)."""
+        k = self.steps_per_job(stage, remaining, state)
+        per_file, first = files.manifest.steps_per_file, state.step
+        aligned = (first + k) // per_file * per_file - first
+        return aligned if k < remaining and aligned >= per_file else k
 
     @staticmethod
     def _manifest(location: str) -> batches.Manifest | None:

@@ -133,6 +133,7 @@ def refuse_unknown_flags(parser, runner: str | None, extra: list[str]) -> None:
         parser.error(f"unknown flag(s) {', '.join(flags)} (--runner local takes no Beam flags)")
     from apache_beam.options.pipeline_options import PipelineOptions
 
+    import beam_dp.beam.options   # noqa: F401  (beam-dp's own Beam flags, e.g. --step_sums)
     options = PipelineOptions(extra)
     beam_log = logging.getLogger("apache_beam.options.pipeline_options")
     level = beam_log.level

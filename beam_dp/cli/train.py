@@ -234,6 +234,10 @@ def _train_and_write(api, args, beam_args, options, validation_files, release, l
     if cap is not None:   # (noisy released estimates only)
         from beam_dp import user_rows
         print(f"beam-dp: {user_rows.line(cap)}", file=sys.stderr)
+    from beam_dp import step_costs
+    if (model.privacy_report.get("step_sums") or {}).get("reason") not in (None, step_costs.IN_PROCESS):
+        print(f"beam-dp: {step_costs.Choice(**model.privacy_report['step_sums']).line()}",
+              file=sys.stderr)
     chose = model.privacy_report.get("algorithm_choice")
     if chose is not None:
         print(f"beam-dp: --algorithm auto chose {chose['chosen']}: {chose['reason']}",
