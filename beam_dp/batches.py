@@ -33,6 +33,7 @@ output is the model; issue 35), as ``beam_dp.step_costs`` chooses.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from typing import BinaryIO, Callable, Iterable, Iterator, Sequence
@@ -344,7 +345,18 @@ class Manifest:
 
     def group_files(self, group: int) -> list[str]:
         """A group's files in part order (so its pieces come in shard order)."""
-        return sorted(name for name in self.files if group_of_file(name) == group)
+        return self._by_group.get(group, [])
+
+    @functools.cached_property
+    def _by_group(self) -> dict[int, list[str]]:   # (once: a run may have millions of files)
+        by_group: dict[int, list[str]] = {}
+        for name in sorted(self.files):
+            by_group.setdefault(group_of_file(name), []).append(name)
+        return by_group
+
+    @property
+    def files_per_group(self) -> int:
+        return max((len(names) for names in self._by_group.values()), default=0)
 
     def groups_of_steps(self, first: int, count: int) -> range:
         return range(first // self.steps_per_file, (first + count - 1) // self.steps_per_file + 1)

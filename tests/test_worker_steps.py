@@ -221,3 +221,40 @@ def test_every_batch_plan_runs_on_the_workers(tmp_path, cli, table, jobs, name):
         models[mode] = model_theta(tmp_path / mode)
         assert ("steps" in [j["kind"] for j in jobs[first:]]) == (mode == "workers")
     np.testing.assert_allclose(models["workers"], models["driver"], rtol=1e-9, atol=1e-12)
+
+
+def test_step_jobs_memory_budget_counts_their_files_not_the_shards(tmp_path, monkeypatch):
+    """A step job's sums are one per bundle, at most one per input: its batch files (a few per
+    group), not the input's shards. With 64 shards and a budget that holds 20 steps' sums of
+    the files, the step jobs run 20 steps where a shards' job would run fewer."""
+    n, d = 6400, 5
+    source = _parquet(tmp_path / "data", n, d, n // 64, files=1)
+    columns = [f"f{j}" for j in range(d)]
+    aggregator = BeamAggregator(source["files"], "label", columns, LOGISTIC, BATCH_ROWS,
+                                ["--runner", "FnApiRunner"])
+    assert len(aggregator.shards) == 64
+    names = [batches.group_file_name(0, part, "a") for part in range(batches.PARTS)]
+    files = beam_aggregator.BatchFiles(str(tmp_path), batches.Manifest("x", 100, 500, names),
+                                       keep=True)
+    from beam_dp.algorithms.base import TrainState
+    state = TrainState.zeros(1, d)
+    stage = _StageOfShape((1, d + 1))
+    inputs = (1 + 2) * batches.PARTS   # one group of files spans 200 steps; and every row's
+    per_step = (inputs + 2) * 8 * (d + 1) + 3 * 2 * 8 * (d + 1)   # sums; copies of the state
+    monkeypatch.setattr(beam_aggregator, "JOB_MEMORY_BUDGET", 20 * per_step)
+    assert aggregator.steps_per_job_over_batches(files, stage, 100, state) == 20
+    assert aggregator.steps_per_job(_StageOfShape((1, d + 1)), 100, state) < 20
+    aggregator.close()
+
+
+class _StageOfShape:
+    """A stage as the graph probes see it (its sums' shape; never run)."""
+
+    def __init__(self, shape):
+        self.shape = shape
+
+    def partial_sum(self, block, state):
+        return np.zeros(self.shape)
+
+    def apply(self, state, total):
+        return state

@@ -406,9 +406,12 @@ class BeamAggregator:
                     FileSystems.delete([initial.path])
         return _take_pickle(path)
 
-    def steps_per_job(self, stage: Stage, remaining: int, state=None) -> int:
+    def steps_per_job(self, stage: Stage, remaining: int, state=None,
+                      inputs: int | None = None) -> int:
         """As many copies of ``stage`` as keep the job's pipeline within JOB_GRAPH_BUDGET (from
-        the serialized size of a 1- and a 2-step pipeline), at most MAX_STEPS_PER_JOB."""
+        the serialized size of a 1- and a 2-step pipeline), at most MAX_STEPS_PER_JOB, and its
+        sums within JOB_MEMORY_BUDGET: one per bundle, at most one per input (``inputs``: the
+        job's input elements; None: the shards)."""
         known = self._steps_per_job.get(id(stage))
         if known is None or known[0] is not stage:   # (the stage is kept: its id stays its own)
             initial = StateFile("unused") if _state_bytes(state) > STATE_IN_GRAPH_BYTES else state
@@ -419,7 +422,8 @@ class BeamAggregator:
             per_step = max(1, two - one)
             fits = (JOB_GRAPH_BUDGET - (one - per_step)) // per_step
             # a sum per bundle (at most one per shard) and a few copies of the state per step
-            held = ((len(self.shards) + 2) * 8 * int(np.prod(stage.shape))
+            held = (((len(self.shards) if inputs is None else inputs) + 2)
+                    * 8 * int(np.prod(stage.shape))
                     + 3 * _state_bytes(state))
             fits = min(fits, JOB_MEMORY_BUDGET // max(1, held))
             known = self._steps_per_job[id(stage)] = (stage, int(max(1, min(MAX_STEPS_PER_JOB, fits))))
@@ -524,8 +528,10 @@ class BeamAggregator:
                                    state=None) -> int:
         """``steps_per_job``, cut at a group's end where that leaves a whole group or more:
         a job then reads each of its files once (a worker's cache does not outlive its job)."""
-        k = self.steps_per_job(stage, remaining, state)
         per_file, first = files.manifest.steps_per_file, state.step
+        # The job's inputs: the files of the groups its steps may span, and every row's.
+        groups = -(-MAX_STEPS_PER_JOB // per_file) + 2
+        k = self.steps_per_job(stage, remaining, state, groups * files.manifest.files_per_group)
         aligned = (first + k) // per_file * per_file - first
         return aligned if k < remaining and aligned >= per_file else k
 

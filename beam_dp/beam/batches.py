@@ -34,7 +34,8 @@ class _ShardPieces(beam.DoFn):
     e.g. DPSGD-F's preprocessing; without filling it), writes its pieces of each group's steps
     (with ``every_row`` also its blocks whole, as one more group: ``batches.rows_group``) to one
     file, a record batch per group, and emits ((group, part), (shard index, file name, record
-    batch number)) per group: a few bytes per (shard, group), never a row."""
+    batch number)) per group: a few bytes per (shard, group), never a row. Where a group has a
+    part per shard, the shard writes that part's file whole instead (record batch None)."""
 
     def __init__(self, reader, cache, plan, steps: int, steps_per_file: int, shards: int,
                  location: str, dim: int, every_row: bool = False):
@@ -59,24 +60,39 @@ class _ShardPieces(beam.DoFn):
                 by_group[step // self.steps_per_file].append(batches.as_piece(step, piece))
             if self.every_row:
                 by_group[rows].append(batches.as_piece(self.steps, block))
-        if not by_group:
-            return
-        groups = sorted(by_group)
-        # A retried bundle writes a new file; only the names the job's shuffle carries are read.
-        name = batches.shard_file_name(index, uuid.uuid4().hex)
-        with FileSystems.create(FileSystems.join(self.location, name),
-                                compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            batches.write_pieces(f, [by_group[g] for g in groups], self.dim,
-                                 batches.compression(self.location))
-        for number, group in enumerate(groups):
-            part = batches.part_of_shard(index, self.shards,
-                                         self.rows_parts if group == rows else self.parts)
-            yield (group, part), (index, name, number)
+        codec = batches.compression(self.location)
+        # A retried bundle writes new files; only the names the job's shuffle carries are read.
+        merged = []
+        for group in sorted(by_group):
+            parts = self.rows_parts if group == rows else self.parts
+            part = batches.part_of_shard(index, self.shards, parts)
+            if parts < self.shards:
+                merged.append((group, part))
+                continue
+            # A part per shard (no more shards than parts): the shard writes the part's file
+            # itself, with nothing to merge (the local runner's usual case: no copy).
+            name = batches.group_file_name(group, part, uuid.uuid4().hex)
+            with FileSystems.create(FileSystems.join(self.location, name),
+                                    compression_type=CompressionTypes.UNCOMPRESSED) as f:
+                batches.write_pieces(f, [by_group[group]], self.dim, codec)
+            yield (group, part), (index, name, None)
+        if merged:
+            name = batches.shard_file_name(index, uuid.uuid4().hex)
+            with FileSystems.create(FileSystems.join(self.location, name),
+                                    compression_type=CompressionTypes.UNCOMPRESSED) as f:
+                batches.write_pieces(f, [by_group[g] for g, _ in merged], self.dim, codec)
+            for number, key in enumerate(merged):
+                yield key, (index, name, number)
 
 
 def _write_group_file(keyed, location: str):
-    """A part of a group: its shards' record batches, in shard order, copied into one file."""
+    """A part of a group: its shards' record batches, in shard order, copied into one file
+    (a part its one shard wrote whole is that file)."""
     (group, part), sources = keyed
+    sources = list(sources)
+    if len(sources) == 1 and sources[0][2] is None:   # written whole by its one shard
+        yield sources[0][1]
+        return
     name = batches.group_file_name(group, part, uuid.uuid4().hex)
     with contextlib.ExitStack() as opened:
         files = [(opened.enter_context(FileSystems.open(
