@@ -37,13 +37,14 @@ class Costs:
 
 # Measured with `pipelines/bench_step_costs.py` on 2026-11-29 (docs/benchmarks/costs.md has the
 # run): n = 10^6, d = 50, batch 10^4, 5 epochs, a pool of 2 worker processes on 2 cores, the batch
-# files on a local disk (a remote temp location reads slower: see that page).
+# files on a local disk (a remote temp location reads slower: see that page). Runs on this
+# machine vary by up to ~20% in each input.
 MEASURED = Costs(
-    read_bytes_per_s=1.69e9,
-    row_feature_seconds=8.63e-9,
-    step_stage_seconds=0.0587,
-    job_seconds=3.6,
-    batch_job_bytes_per_s=1.2e8,
+    read_bytes_per_s=1.38e9,
+    row_feature_seconds=1.16e-8,
+    step_stage_seconds=0.0549,
+    job_seconds=4.07,
+    batch_job_bytes_per_s=1.31e8,
 )
 
 # A step's batch the driver may hold: beyond this only the workers can sum it.

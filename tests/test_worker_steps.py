@@ -258,3 +258,11 @@ class _StageOfShape:
 
     def apply(self, state, total):
         return state
+
+
+def test_a_wrong_step_sums_is_refused_in_one_line_before_any_job(tmp_path, cli, table, jobs):
+    r = cli("train", "--input", table["glob"], "--output", tmp_path / "out", "--algorithm",
+            "dpsgd", "--epsilon", 1, "--runner", "FnApiRunner", "--step_sums", "all")
+    assert r.code == 2 and len(r.err.strip().splitlines()) == 1, r
+    assert "--step_sums must be one of auto, driver, workers" in r.err
+    assert jobs == [] and not (tmp_path / "out").exists()

@@ -42,7 +42,7 @@ from beam_dp.algorithms.base import JobLimitReached, Stage
 from beam_dp.beam.batches import BatchFile, WriteStepBatches, read_batch_file
 from beam_dp.beam.cache import ShardCache
 from beam_dp.beam.job_results import MISSING, JobResults
-from beam_dp.beam.options import StepSumOptions
+from beam_dp.beam.options import step_sums
 from beam_dp.beam.transforms import (FILE_OPENS, METRICS_NAMESPACE, ReadShards, RunStages,
                                      ShardReader, StateFile, _position, open_file)
 from beam_dp.beam.transforms import GroupUsers
@@ -244,6 +244,7 @@ class BeamAggregator:
         self.writes_templates = bool(given.get("template_location"))
         self.job_results: JobResults | None = None
         self.step_sums: step_costs.Choice | None = None   # who sums the steps (step_batches)
+        step_sums(self.options)   # (a wrong --step_sums is refused before any job)
 
     def cap_rows_per_user(self, max_rows: int) -> None:
         """The jobs from here on bound each user to ``max_rows`` rows (--max-rows-per-user auto,
@@ -486,7 +487,7 @@ class BeamAggregator:
 
     def _batch_files(self, location, manifest, keep, plan) -> BatchFiles:
         files = BatchFiles(location, manifest, keep)
-        given, options = self.options.view_as(StepSumOptions).step_sums, self.options.get_all_options()
+        given, options = step_sums(self.options), self.options.get_all_options()
         remote = self.make_runner is not None or options.get("runner") not in IN_PROCESS_RUNNERS
         # (the workers the options name, if any: Dataflow's, or a local pool's processes)
         workers = (options.get("max_num_workers") or options.get("num_workers")
