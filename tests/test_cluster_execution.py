@@ -307,16 +307,27 @@ def test_same_model_on_external_worker_processes(tmp_path, request, worker_pool,
 
 
 @pytest.mark.slow
-def test_workers_sum_dpsgds_steps_on_external_worker_processes(tmp_path, binary, worker_pool,
-                                                               beam_jobs, monkeypatch):
+def test_workers_sum_dpsgds_steps_on_external_worker_processes(tmp_path, cli, binary,
+                                                               worker_pool, beam_jobs,
+                                                               monkeypatch):
     """Issue 35 on real worker processes (the pool's, 2 per job): --step_sums workers gives
-    driver mode's model for the same seed, in the batch job and the step jobs the plan needs,
-    the driver reading at most 64 KB a step (the model after each job, never a batch)."""
+    the model of driver mode (here in-process) for the same seed, in the batch job and the step
+    jobs the plan needs, the driver reading at most 64 KB a step (the model after each job,
+    never a batch)."""
     from worker_pool import _run_with_timeout
     from apache_beam.runners.portability.fn_api_runner import FnApiRunner
     from apache_beam.transforms import environments
 
     address, pool_log = worker_pool
+    # 3 steps per group of files, at most 12 steps a job: 24 steps in 2 step jobs.
+    monkeypatch.setattr(batches, "FILE_BYTES", 3 * 150 * 8 * (D + 2))
+    monkeypatch.setattr(beam_aggregator, "MAX_STEPS_PER_JOB", 12)
+    common = [str(a) for a in [
+        "train", "--input", binary["glob"], "--algorithm", "dpsgd", "--epsilon", 2.0,
+        "--steps", 24, "--batch-size", 150, "--seed", 5, "--batch-rows", BATCH_ROWS,
+        "--runner", "FnApiRunner", "--temp_location", tmp_path / "temp"]]
+    assert cli(*common, "--output", tmp_path / "driver", "--step_sums", "driver").code == 0
+
     made = beam_aggregator.BeamAggregator.__init__
 
     def external(self, *args, **kwargs):
@@ -325,29 +336,18 @@ def test_workers_sum_dpsgds_steps_on_external_worker_processes(tmp_path, binary,
         made(self, *args, **kwargs)
 
     monkeypatch.setattr(beam_aggregator.BeamAggregator, "__init__", external)
-    # 3 steps per group of files, at most 12 steps a job: 40 steps in 4 step jobs.
-    monkeypatch.setattr(batches, "FILE_BYTES", 3 * 150 * 8 * (D + 2))
-    monkeypatch.setattr(beam_aggregator, "MAX_STEPS_PER_JOB", 12)
-    models, read = {}, {}
-    for mode in ("driver", "workers"):
-        before, jobs_before = beam_aggregator.DRIVER_BYTES_READ[0], len(beam_jobs)
-        started = pool_log.read_text(errors="replace")
-        assert _run_with_timeout([str(a) for a in [
-            "train", "--input", binary["glob"], "--output", tmp_path / mode, "--algorithm",
-            "dpsgd", "--epsilon", 2.0, "--steps", 40, "--batch-size", 150, "--seed", 5,
-            "--batch-rows", BATCH_ROWS, "--runner", "FnApiRunner", "--direct_num_workers", 2,
-            "--temp_location", tmp_path / "temp", "--step_sums", mode]]) == 0
-        read[mode] = beam_aggregator.DRIVER_BYTES_READ[0] - before
-        models[mode] = model_theta(tmp_path / mode)
-        jobs = beam_jobs[jobs_before:]
-        log = pool_log.read_text(errors="replace")[len(started):]
-        assert log.count("Starting worker with command") == 2 * len(jobs), _kinds(jobs)
-        expected = [("batches", 40)] + ([] if mode == "driver" else
-                                        [("steps", 12), ("steps", 12), ("steps", 12),
-                                         ("steps", 4 + 1)])   # (+1: the quality check)
-        assert _kinds(jobs) == expected
-    np.testing.assert_allclose(models["workers"], models["driver"], rtol=1e-9, atol=1e-12)
-    assert read["workers"] / 40 <= 64 << 10 and read["driver"] > 10 * read["workers"], read
+    before, jobs_before = beam_aggregator.DRIVER_BYTES_READ[0], len(beam_jobs)
+    started = pool_log.read_text(errors="replace")
+    assert _run_with_timeout(common + ["--output", str(tmp_path / "workers"),
+                                       "--direct_num_workers", "2", "--step_sums", "workers"]) == 0
+    read = beam_aggregator.DRIVER_BYTES_READ[0] - before
+    jobs = beam_jobs[jobs_before:]
+    log = pool_log.read_text(errors="replace")[len(started):]
+    assert log.count("Starting worker with command") == 2 * len(jobs), _kinds(jobs)
+    assert _kinds(jobs) == [("batches", 24), ("steps", 12), ("steps", 12 + 1)]   # (+1: the check)
+    np.testing.assert_allclose(model_theta(tmp_path / "workers"), model_theta(tmp_path / "driver"),
+                               rtol=1e-9, atol=1e-12)
+    assert read / 24 <= 64 << 10, read
     assert read_json(tmp_path / "workers" / "privacy_report.json")["step_sums"]["mode"] == "workers"
 
 

@@ -109,28 +109,26 @@ def test_step_jobs_cut_at_groups_and_resume_from_a_checkpoint(tmp_path, cli, tab
     """Steps per job cut at a group's end (a job reads each of its files once); a run stopped
     between step jobs (--max-jobs) goes on from its checkpoint with the same batch files and
     ends with the uninterrupted run's model."""
-    # 120 rows a step of 5 features: 3 steps per group of files.
+    # 120 rows a step of 5 features: 3 steps per group of files; 20 steps, at most 8 a job.
     monkeypatch.setattr(batches, "FILE_BYTES", 3 * 120 * 8 * 7)
-    monkeypatch.setattr(beam_aggregator, "MAX_STEPS_PER_JOB", 20)
-    _train(cli, table, tmp_path / "whole", tmp_path / "temp", "workers", "--quality-check", "off")
+    monkeypatch.setattr(beam_aggregator, "MAX_STEPS_PER_JOB", 8)
+    common = ["train", "--input", table["glob"], "--algorithm", "dpsgd", "--epsilon", 2,
+              "--seed", 11, "--batch-size", 120, "--epochs", 1, "--batch-rows", BATCH_ROWS,
+              "--runner", "FnApiRunner", "--temp_location", tmp_path / "temp",
+              "--step_sums", "workers", "--quality-check", "off"]
+    assert cli(*common, "--output", tmp_path / "whole").code == 0
     whole = model_theta(tmp_path / "whole")
     steps = [j["steps"] for j in jobs if j["kind"] == "steps"]
-    assert steps == [18, 18, 18, 6], steps   # 20 cut to 18 = 6 groups of 3
+    assert steps == [6, 6, 8], steps   # 8 cut to 6 = 2 groups of 3; the last 8 whole
 
     del jobs[:]
-    args = ("--quality-check", "off", "--checkpoint-dir", tmp_path / "ckpt", "--max-jobs", 2)
-    r = cli("train", "--input", table["glob"], "--output", tmp_path / "resumed", "--algorithm",
-            "dpsgd", "--epsilon", 2, "--seed", 11, "--batch-size", 120, "--epochs", 3,
-            "--batch-rows", BATCH_ROWS, "--runner", "FnApiRunner", "--temp_location",
-            tmp_path / "temp", "--step_sums", "workers", *args)
-    assert r.code == 75, r   # stopped after the batch job and one step job
-    while r.code == 75:
-        r = cli("train", "--input", table["glob"], "--output", tmp_path / "resumed",
-                "--algorithm", "dpsgd", "--epsilon", 2, "--seed", 11, "--batch-size", 120,
-                "--epochs", 3, "--batch-rows", BATCH_ROWS, "--runner", "FnApiRunner",
-                "--temp_location", tmp_path / "temp", "--step_sums", "workers", *args)
+    resumed = [*common, "--output", tmp_path / "resumed", "--checkpoint-dir", tmp_path / "ckpt",
+               "--max-jobs", 3]
+    r = cli(*resumed)
+    assert r.code == 75, r   # stopped after the batch job and two step jobs
+    r = cli(*resumed)
     assert r.code == 0, r
-    assert [j["kind"] for j in jobs].count("batches") == 1, jobs   # the files were reused
+    assert [j["kind"] for j in jobs] == ["batches"] + ["steps"] * 3   # the files were reused
     np.testing.assert_array_equal(model_theta(tmp_path / "resumed"), whole)
 
 
@@ -196,11 +194,10 @@ def test_projection_counts_jobs_files_and_driver_bytes():
         batches.PARTS, -(-batch * step_costs.row_bytes(d) * per_file // batches.FILE_BYTES))
 
 
-OTHER_BATCH_PLANS = {   # every other algorithm whose batches are fixed in advance
+# Other algorithms whose batches are fixed in advance (dpsgd-f's training steps are dpsgd's).
+OTHER_BATCH_PLANS = {
     "dp-ambssgd": ["--algorithm", "dp-ambssgd", "--model", "linear", "--blocks", 6,
                    "--epsilon", 2],
-    "dpsgd-f-theory": ["--algorithm", "dpsgd-f", "--variant", "theory", "--steps", 6,
-                       "--batch-size", 200, "--epsilon", 2],
     "heavy-tailed-md": ["--algorithm", "heavy-tailed-md", "--model", "linear", "--batches", 4,
                         "--epsilon", 1],
 }
@@ -209,8 +206,8 @@ OTHER_BATCH_PLANS = {   # every other algorithm whose batches are fixed in advan
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(OTHER_BATCH_PLANS))
 def test_every_batch_plan_runs_on_the_workers(tmp_path, cli, table, jobs, name):
-    """DP-AMBSSGD's blocks (two tags a step), DPSGD-F's and heavy-tailed mirror descent's
-    batches: on the workers, the driver's model (to float rounding)."""
+    """DP-AMBSSGD's blocks (two tags a step) and heavy-tailed mirror descent's batches: on the
+    workers, the driver's model (to float rounding)."""
     models = {}
     for mode in ("driver", "workers"):
         first = len(jobs)
@@ -266,3 +263,25 @@ def test_a_wrong_step_sums_is_refused_in_one_line_before_any_job(tmp_path, cli, 
     assert r.code == 2 and len(r.err.strip().splitlines()) == 1, r
     assert "--step_sums must be one of auto, driver, workers" in r.err
     assert jobs == [] and not (tmp_path / "out").exists()
+
+
+def test_full_batch_steps_per_job_come_from_the_bundles_a_job_had(tmp_path, cli, jobs,
+                                                                   monkeypatch):
+    """A step holds one sum per bundle: once a job has counted its steps' bundles (a Beam
+    counter), the steps per job come from them, not from the shards (64 here, which alone
+    would allow 2 steps a job under this budget)."""
+    n, d = 6400, 5
+    source = _parquet(tmp_path / "data", n, d, n // 64, files=1)
+    sums = 8 * (d + 1)
+    state = 3 * 2 * 8 * (d + 1)
+    monkeypatch.setattr(beam_aggregator, "JOB_MEMORY_BUDGET", 2 * ((64 + 2) * sums + state))
+    r = cli("train", "--input", source["glob"], "--output", tmp_path / "out", "--algorithm",
+            "dpgd", "--steps", 12, "--epsilon", 2, "--seed", 3, "--batch-rows", BATCH_ROWS,
+            "--scale-features", "none", "--quality-check", "off", "--runner", "FnApiRunner")
+    assert r.code == 0, r
+    steps = [j["steps"] for j in jobs]
+    bundles = max(-(-j["bundles"] // j["steps"]) for j in jobs)
+    assert 1 <= bundles < 64 // 2, jobs
+    # the first job by the shards; the rest by twice the bundles a step had
+    assert steps[0] == 2 and steps[1] == min(10, (2 * ((64 + 2) * sums + state))
+                                             // ((2 * bundles + 2) * sums + state)), steps

@@ -43,7 +43,8 @@ from beam_dp.beam.batches import BatchFile, WriteStepBatches, read_batch_file
 from beam_dp.beam.cache import ShardCache
 from beam_dp.beam.job_results import MISSING, JobResults
 from beam_dp.beam.options import step_sums
-from beam_dp.beam.transforms import (FILE_OPENS, METRICS_NAMESPACE, ReadShards, RunStages,
+from beam_dp.beam.transforms import (FILE_OPENS, METRICS_NAMESPACE, STEP_BUNDLES, ReadShards,
+                                     RunStages,
                                      ShardReader, StateFile, _position, open_file)
 from beam_dp.beam.transforms import GroupUsers
 from beam_dp.data import DataError
@@ -244,6 +245,9 @@ class BeamAggregator:
         self.writes_templates = bool(given.get("template_location"))
         self.job_results: JobResults | None = None
         self.step_sums: step_costs.Choice | None = None   # who sums the steps (step_batches)
+        # The most bundles a step of a finished job had (its Beam counter; None until then):
+        # the sums a step holds, which bound the steps per job rather than the shards.
+        self.bundles_per_step: int | None = None
         step_sums(self.options)   # (a wrong --step_sums is refused before any job)
 
     def cap_rows_per_user(self, max_rows: int) -> None:
@@ -360,8 +364,11 @@ class BeamAggregator:
             self.jobs.append({"kind": kind, "steps": steps, "seconds": 0.0, "file_opens": None})
             raise JobLimitReached(f"the {kind} job was written to --template_location; it runs "
                                   "after this launch, and the next launch goes on from its result")
+        bundles = _counter(result, STEP_BUNDLES) if steps else None
+        if bundles:   # what a step's sums really are: one per bundle (the runner's choice)
+            self.bundles_per_step = max(self.bundles_per_step or 0, -(-bundles // steps))
         self.jobs.append({"kind": kind, "steps": steps, "seconds": time.perf_counter() - start,
-                          "file_opens": _counter(result, FILE_OPENS)})
+                          "file_opens": _counter(result, FILE_OPENS), "bundles": bundles})
         _release_job_memory()
 
     # ------------------------------------------------------------------ the Aggregator seam
@@ -412,9 +419,14 @@ class BeamAggregator:
         """As many copies of ``stage`` as keep the job's pipeline within JOB_GRAPH_BUDGET (from
         the serialized size of a 1- and a 2-step pipeline), at most MAX_STEPS_PER_JOB, and its
         sums within JOB_MEMORY_BUDGET: one per bundle, at most one per input (``inputs``: the
-        job's input elements; None: the shards)."""
+        job's input elements; None: the shards), and once a job has run, at most twice the most
+        bundles a step of it had (a runner bundles many shards together: at 10^4 shards and
+        d = 1,000 the shards alone allowed 6 steps a job)."""
+        inputs = len(self.shards) if inputs is None else inputs
+        if self.bundles_per_step:
+            inputs = min(inputs, 2 * self.bundles_per_step)
         known = self._steps_per_job.get(id(stage))
-        if known is None or known[0] is not stage:   # (the stage is kept: its id stays its own)
+        if known is None or known[0] is not stage or known[2] != inputs:   # (the stage is kept)
             initial = StateFile("unused") if _state_bytes(state) > STATE_IN_GRAPH_BYTES else state
             probes = [self.stages_pipeline([stage] * k, initial, "unused") for k in (1, 2)]
             one, two = (self.graph_bytes(p) for p in probes)
@@ -423,11 +435,10 @@ class BeamAggregator:
             per_step = max(1, two - one)
             fits = (JOB_GRAPH_BUDGET - (one - per_step)) // per_step
             # a sum per bundle (at most one per shard) and a few copies of the state per step
-            held = (((len(self.shards) if inputs is None else inputs) + 2)
-                    * 8 * int(np.prod(stage.shape))
-                    + 3 * _state_bytes(state))
+            held = (inputs + 2) * 8 * int(np.prod(stage.shape)) + 3 * _state_bytes(state)
             fits = min(fits, JOB_MEMORY_BUDGET // max(1, held))
-            known = self._steps_per_job[id(stage)] = (stage, int(max(1, min(MAX_STEPS_PER_JOB, fits))))
+            known = self._steps_per_job[id(stage)] = (
+                stage, int(max(1, min(MAX_STEPS_PER_JOB, fits))), inputs)
         return min(known[1], max(1, remaining))
 
     @staticmethod
@@ -447,7 +458,6 @@ class BeamAggregator:
             if manifest is not None and manifest.fingerprint == fingerprint:
                 return self._batch_files(resume, manifest, keep, plan)
             _delete_tree(resume)   # incomplete, or another plan's: made anew
-        # (the choice is the same on a resume: from public values only)
         written, found, key = self._next_job("batches", steps)
         # (where a template's job will write them: named by its key, for the next launch)
         location = FileSystems.join(self.temp_root,
@@ -486,12 +496,16 @@ class BeamAggregator:
         return self._batch_files(location, manifest, keep, plan)
 
     def _batch_files(self, location, manifest, keep, plan) -> BatchFiles:
+        """The batch files, and who sums their steps (``step_costs.choose``: from public values
+        only, so a resumed run chooses alike)."""
         files = BatchFiles(location, manifest, keep)
         given, options = step_sums(self.options), self.options.get_all_options()
         remote = self.make_runner is not None or options.get("runner") not in IN_PROCESS_RUNNERS
-        # (the workers the options name, if any: Dataflow's, or a local pool's processes)
+        # (the workers the options name, if any: Dataflow's, or a local pool's processes; Beam's
+        # direct_num_workers defaults to 1, which names none)
+        direct = options.get("direct_num_workers") or 1
         workers = (options.get("max_num_workers") or options.get("num_workers")
-                   or options.get("direct_num_workers") or None)
+                   or (direct if direct > 1 else None))
         self.step_sums = step_costs.choose(given, remote, plan.expected_rows, self.dim, workers)
         files.on_workers = self.step_sums.mode == "workers"
         return files

@@ -23,6 +23,7 @@ from beam_dp.stats import record_releases
 
 METRICS_NAMESPACE = "beam_dp"
 FILE_OPENS = "input_file_opens"   # counter: shards read from their file (each opens it once)
+STEP_BUNDLES = "step_bundles"      # counter: a step's bundles, each holding one sum to the next
 
 
 def open_file(path: str):
@@ -174,6 +175,7 @@ class _Step(beam.DoFn):
 
     def finish_bundle(self):
         if self.state is not _UNSET:
+            Metrics.counter(METRICS_NAMESPACE, STEP_BUNDLES).inc()
             total = self.total if self.total is not None else zero_sum(self.stage)
             carries = self.first_position is None or self.first == self.first_position
             yield WindowedValue((self.first, self.state if carries else None, total),
