@@ -426,20 +426,21 @@ class BeamAggregator:
         if self.bundles_per_step:
             inputs = min(inputs, 2 * self.bundles_per_step)
         known = self._steps_per_job.get(id(stage))
-        if known is None or known[0] is not stage or known[2] != inputs:   # (the stage is kept)
+        if known is None or known[0] is not stage:   # (the stage is kept: its id stays its own)
+            # The graph's bytes per step, measured once per stage (two pipelines built and
+            # serialized: ~0.5 s); the memory bound below is recomputed as bundles are counted.
             initial = StateFile("unused") if _state_bytes(state) > STATE_IN_GRAPH_BYTES else state
             probes = [self.stages_pipeline([stage] * k, initial, "unused") for k in (1, 2)]
             one, two = (self.graph_bytes(p) for p in probes)
             for p in probes:   # never run, so Beam would not remove their temp directories
                 shutil.rmtree(p.local_tempdir, ignore_errors=True)
             per_step = max(1, two - one)
-            fits = (JOB_GRAPH_BUDGET - (one - per_step)) // per_step
-            # a sum per bundle (at most one per shard) and a few copies of the state per step
-            held = (inputs + 2) * 8 * int(np.prod(stage.shape)) + 3 * _state_bytes(state)
-            fits = min(fits, JOB_MEMORY_BUDGET // max(1, held))
             known = self._steps_per_job[id(stage)] = (
-                stage, int(max(1, min(MAX_STEPS_PER_JOB, fits))), inputs)
-        return min(known[1], max(1, remaining))
+                stage, (JOB_GRAPH_BUDGET - (one - per_step)) // per_step)
+        # a sum per bundle and a few copies of the state per step
+        held = (inputs + 2) * 8 * int(np.prod(stage.shape)) + 3 * _state_bytes(state)
+        fits = min(known[1], JOB_MEMORY_BUDGET // max(1, held))
+        return min(int(max(1, min(MAX_STEPS_PER_JOB, fits))), max(1, remaining))
 
     @staticmethod
     def graph_bytes(pipeline: beam.Pipeline) -> int:
