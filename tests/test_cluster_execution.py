@@ -254,9 +254,9 @@ def test_same_model_on_external_worker_processes(tmp_path, request, worker_pool,
     (trained once). 2 workers, every algorithm of EXTERNAL_WORKERS: the embedded job service's engine (FnApiRunner)
     with the same EXTERNAL environment and ``direct_num_workers`` 2, which splits each stage's
     bundles between two processes. 1 worker, PORTABLE_ONE_WORKER: Beam's PortableRunner with its
-    embedded job service (which starts one whatever the flags)."""
+    embedded job service (which starts one whatever the flags). DP-SGD's run on 2 processes
+    has its steps summed by the workers (--step_sums workers, issue 35)."""
     from worker_pool import _run_with_timeout
-    from beam_dp.beam import aggregator as beam_aggregator
 
     address, pool_log = worker_pool
     dataset, extra = EQUIVALENCE[name]
