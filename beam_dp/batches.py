@@ -161,7 +161,7 @@ def steps_per_file(expected_batch_rows: float, dim: int) -> int:
 
 
 # Each group of steps is written as a few files ("parts"), whatever the number of shards: at least
-# PARTS (so that the workers can sum a step's rows in parallel, ``BatchFileSteps``) and more only
+# PARTS (so that the workers can sum a step's rows in parallel, ``StepOverFiles``) and more only
 # where a group's rows pass FILE_BYTES, never more than there are shards. A part holds the pieces
 # of a contiguous run of shards, so the parts in order hold the pieces in shard order. (At 10^9
 # rows a file per step and shard made ~1.9 x 10^8 small files: issue 35.)
@@ -298,8 +298,8 @@ def step_blocks(data: bytes, source: str) -> list[Block]:
 class StepOverFiles:
     """A step over batches fixed in advance, summed by the workers over the batch files' blocks
     (``step_blocks``) rather than by the driver over the step's batch: a block counts only in
-    the step whose batch it is in (its ``step``). ``step`` None: a final stage (``base.
-    FinalStage``) over every row, the blocks of ``rows_step`` (``rows_group``)."""
+    the step whose batch it is in (its ``step``). With ``rows_step``: a final stage (``base.
+    FinalStage``) over every row, the blocks of that step (``rows_group``)."""
 
     stage: object
     rows_step: int | None = None
@@ -369,7 +369,7 @@ class FileBatches:
     in block order: joined per tag in that order, a step's batch has the arrays ``assemble``
     makes (the local runner's)."""
 
-    on_workers = False   # the driver sums the steps (``BatchFileSteps`` sets it for the workers)
+    on_workers = False   # the driver sums the steps (the Beam aggregator's may set it: workers)
 
     def __init__(self, manifest: Manifest, read: Callable[[str], bytes]):
         self.manifest, self.read = manifest, read

@@ -194,30 +194,19 @@ def test_projection_counts_jobs_files_and_driver_bytes():
         batches.PARTS, -(-batch * step_costs.row_bytes(d) * per_file // batches.FILE_BYTES))
 
 
-# Other algorithms whose batches are fixed in advance (dpsgd-f's training steps are dpsgd's).
-OTHER_BATCH_PLANS = {
-    "dp-ambssgd": ["--algorithm", "dp-ambssgd", "--model", "linear", "--blocks", 6,
-                   "--epsilon", 2],
-    "heavy-tailed-md": ["--algorithm", "heavy-tailed-md", "--model", "linear", "--batches", 4,
-                        "--epsilon", 1],
-}
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(OTHER_BATCH_PLANS))
-def test_every_batch_plan_runs_on_the_workers(tmp_path, cli, table, jobs, name):
-    """DP-AMBSSGD's blocks (two tags a step) and heavy-tailed mirror descent's batches: on the
-    workers, the driver's model (to float rounding)."""
-    models = {}
-    for mode in ("driver", "workers"):
-        first = len(jobs)
-        r = cli("train", "--input", table["glob"], "--output", tmp_path / mode, "--seed", 7, "--batch-rows", BATCH_ROWS, "--runner", "FnApiRunner",
-                "--temp_location", tmp_path / "temp", "--step_sums", mode,
-                *OTHER_BATCH_PLANS[name])
-        assert r.code == 0, r
-        models[mode] = model_theta(tmp_path / mode)
-        assert ("steps" in [j["kind"] for j in jobs[first:]]) == (mode == "workers")
-    np.testing.assert_allclose(models["workers"], models["driver"], rtol=1e-9, atol=1e-12)
+def test_steps_that_hold_the_root_seed_stay_on_the_driver(tmp_path, cli, table, jobs):
+    """DP-AMBSSGD's steps draw their noise from the run's root seed (no ``for_steps``), which no
+    job graph may hold: asked to sum on the workers, it stays on the driver and says why."""
+    r = cli("train", "--input", table["glob"], "--output", tmp_path / "out", "--seed", 7,
+            "--batch-rows", BATCH_ROWS, "--runner", "FnApiRunner", "--temp_location",
+            tmp_path / "temp", "--step_sums", "workers", "--algorithm", "dp-ambssgd",
+            "--model", "linear", "--blocks", 6, "--epsilon", 2)
+    assert r.code == 0, r
+    assert "steps" not in [j["kind"] for j in jobs], jobs
+    report = read_json(tmp_path / "out" / "privacy_report.json")["step_sums"]
+    assert report["mode"] == "driver" and "root seed" in report["reason"], report
+    assert "steps summed by the driver (--step_sums: these steps draw their noise" in r.err
 
 
 def test_step_jobs_memory_budget_counts_their_files_not_the_shards(tmp_path, monkeypatch):

@@ -212,6 +212,11 @@ def run_chunks(aggregator: Aggregator, step_fn: Stage, state: TrainState, total_
             # Checkpointed at once, so that a run that dies from here on resumes with these.
             plan["batch_files"] = batches.location
             after_chunk(state, 0)
+        if getattr(batches, "on_workers", False) and getattr(step_fn, "for_steps", None) is None:
+            # A step job's graph holds its copy of the step: only a step that can drop the root
+            # seed for its own steps' noise keys (``for_steps``) may go (dp-ambssgd's and
+            # heavy-tailed-md's draw their noise from the root seed: they stay here).
+            batches.keep_on_driver(batches, ROOT_SEED_STAYS)
         while state.step < total_steps and getattr(batches, "on_workers", False):
             # Summed by the workers (issue 35): a job per chunk of steps, the model its only
             # output; the final stage in the last job, over every row's files.
@@ -238,6 +243,10 @@ def run_chunks(aggregator: Aggregator, step_fn: Stage, state: TrainState, total_
                 state = check.apply(state, total)
             after_chunk(state, k)
     return state
+
+
+ROOT_SEED_STAYS = ("these steps draw their noise from the run's root seed, which no job graph "
+                   "holds")
 
 
 def zero_sum(stage: Stage):

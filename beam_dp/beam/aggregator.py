@@ -509,7 +509,12 @@ class BeamAggregator:
                    or (direct if direct > 1 else None))
         self.step_sums = step_costs.choose(given, remote, plan.expected_rows, self.dim, workers)
         files.on_workers = self.step_sums.mode == "workers"
+        files.keep_on_driver = self._keep_steps_on_driver
         return files
+
+    def _keep_steps_on_driver(self, files: BatchFiles, reason: str) -> None:
+        files.on_workers = False
+        self.step_sums = step_costs.Choice("driver", self.step_sums.given, reason)
 
     def run_stages_over_batches(self, files: BatchFiles, stages: Sequence[Stage], state,
                                 final: Stage | None = None):
