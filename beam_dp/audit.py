@@ -386,8 +386,8 @@ class _CanaryAggregator:
         return self.inner.steps_per_job(stage, remaining, state)
 
     def step_batches(self, plan, steps: int, resume=None, keep: bool = False,
-                     every_row: bool = False):
-        return self.inner.step_batches(plan, steps, resume, keep, every_row)
+                     every_row: bool = False, workers_may_sum: bool = True):
+        return self.inner.step_batches(plan, steps, resume, keep, every_row, workers_may_sum)
 
     def close(self) -> None:
         self.inner.close()

@@ -41,6 +41,7 @@ from typing import BinaryIO, Callable, Iterable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
+from beam_dp.algorithms.base import zero_sum
 from beam_dp.block import Block
 from beam_dp.sampling import PoissonSampler
 
@@ -309,8 +310,7 @@ class StepOverFiles:
         return self.stage.shape
 
     def zero_sum(self):
-        make = getattr(self.stage, "zero_sum", None)
-        return make() if make is not None else np.zeros(self.stage.shape)
+        return zero_sum(self.stage)
 
     def partial_sum(self, block: Block, state):
         if self.rows_step is not None:

@@ -33,7 +33,7 @@ class LocalAggregator:
         return STEPS_PER_REPORT
 
     def step_batches(self, plan, steps: int, resume: str | None = None, keep: bool = False,
-                     every_row: bool = False):
+                     every_row: bool = False, workers_may_sum: bool = True):
         """Each step's batch, drawn when the step asks for it (nothing is written; every row is
         at hand either way)."""
         return LocalBatches(self.blocks, plan)

@@ -79,7 +79,7 @@ def project(n: float, dim: int, batch: float, epochs: float, mode: str,
     batch_bytes = batch * row_bytes(dim)
     sampled = epochs * n * row_bytes(dim)
     per_file = batches.steps_per_file(batch, dim)
-    parts = batches.group_parts(batch_bytes * per_file, 10 ** 9)
+    parts = batches.group_parts(batch_bytes * per_file, shards=10 ** 9)   # (shards: many)
     files = math.ceil(steps / per_file) * parts
     batch_job = costs.job_seconds + sampled / (costs.batch_job_bytes_per_s * workers)
     compute = batch * dim * costs.row_feature_seconds
@@ -96,6 +96,7 @@ def project(n: float, dim: int, batch: float, epochs: float, mode: str,
 
 
 IN_PROCESS = "the runner's workers run in this process"   # (auto's reason; not worth a line)
+ROOT_SEED = "these steps draw their noise from the run's root seed, which no job graph holds"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,11 +112,16 @@ class Choice:
 
 
 def choose(given: str, remote_workers: bool, batch: float, dim: int,
-           workers: int | None = None, costs: Costs = MEASURED) -> Choice:
-    """``--step_sums``: ``given`` unless "auto". Auto sums on the driver when the runner's
+           workers: int | None = None, workers_may_sum: bool = True,
+           costs: Costs = MEASURED) -> Choice:
+    """``--step_sums``: the driver for steps that may not leave it (``workers_may_sum`` false:
+    their noise comes from the run's root seed, which no job graph may hold), whatever was
+    given; else ``given`` unless "auto". Auto sums on the driver when the runner's
     workers share this process (an in-process runner: a step job only adds its latency); on
     the workers when a step's batch is more than the driver should hold; else in the mode whose
     projected step is cheaper (``project``, per step: the batch job is the same in both)."""
+    if not workers_may_sum:
+        return Choice("driver", given, ROOT_SEED)
     if given in ("driver", "workers"):
         return Choice(given, given, "given")
     if not remote_workers:

@@ -233,7 +233,7 @@ def projection_table(args) -> None:
                     continue
                 dr = step_costs.project(pn, pd, pb, args.epochs, "driver", w, step_costs.MEASURED)
                 wk = step_costs.project(pn, pd, pb, args.epochs, "workers", w, step_costs.MEASURED)
-                auto = step_costs.choose("auto", True, pb, pd, w, step_costs.MEASURED).mode
+                auto = step_costs.choose("auto", True, pb, pd, w).mode
                 held = pb * step_costs.row_bytes(pd) > step_costs.DRIVER_BATCH_BYTES
                 print(f"   {pn:7.0e} {pd:5d} {pb:7.0e} | "
                       f"{'(too big)' if held else _duration(dr.seconds):>13} {_bytes(dr.driver_bytes):>9} | "

@@ -188,9 +188,10 @@ class SpyAggregator(LocalAggregator):
         self.chunks.append(len(stages))
         return super().run_stages(stages, state)
 
-    def step_batches(self, plan, steps, resume=None, keep=False, every_row=False):
+    def step_batches(self, plan, steps, resume=None, keep=False, every_row=False,
+                     workers_may_sum=True):
         self.plans.append((plan, steps))
-        batches = super().step_batches(plan, steps, resume, keep, every_row)
+        batches = super().step_batches(plan, steps, resume, keep, every_row, workers_may_sum)
         get = batches.get
 
         def spy(step):

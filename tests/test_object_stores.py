@@ -277,3 +277,38 @@ def test_overwrite_refuses_a_local_output_holding_an_empty_directory_of_a_user(t
     with pytest.raises(FileExistsError, match="did not write"):
         publish.publish(str(out), _version_small(2), overwrite=True)
     assert (out / "mine").is_dir() and publish.read(str(out)) == _version_small(1)
+
+
+@pytest.mark.slow
+def test_dpsgd_batch_files_on_the_store_merged_and_summed_by_the_workers(gcs_server, tmp_path,
+                                                                       cli, monkeypatch):
+    """DP-SGD's batch files under a gs:// temp location (issue 35): 16 shards, so the job
+    merges the shards' files into a group's 8 (pyarrow reading Beam's GCS files by range) and
+    deletes them; the steps summed by the driver and by the workers give the same model, and
+    nothing is left under the temp location."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from beam_dp import batches, synthetic
+    merged = []
+    real_merge = batches.merge_pieces
+    monkeypatch.setattr(batches, "merge_pieces",
+                        lambda f, sources, codec=None: merged.append(codec) or
+                        real_merge(f, sources, codec))
+    x, y = synthetic.make_dataset("binary", 1600, 4, seed=2)
+    table = {f"f{j}": x[:, j] for j in range(4)}
+    table["label"] = y
+    pq.write_table(pa.table(table), tmp_path / "train.parquet", row_group_size=100)
+    temp = gcs_server.bucket() + "/tmp"
+    models = {}
+    for mode in ("driver", "workers"):
+        r = cli("train", "--input", tmp_path / "train.parquet", "--output", tmp_path / mode,
+                "--algorithm", "dpsgd", "--epsilon", 2, "--seed", 9, "--batch-size", 80,
+                "--epochs", 2, "--batch-rows", 25, "--runner", "FnApiRunner",
+                "--temp_location", temp, "--step_sums", mode)
+        assert r.code == 0, r.err[-3000:]
+        models[mode] = json.loads((tmp_path / mode / "model.json").read_text())
+        assert storage.list_files(temp) == {}, storage.list_files(temp)
+    assert merged and set(merged) == {"lz4"}   # (the in-process runner's workers: this process)
+    np.testing.assert_allclose(models["workers"]["coefficients"],
+                               models["driver"]["coefficients"], rtol=1e-9, atol=1e-12)

@@ -82,7 +82,8 @@ class _Recording(LocalAggregator):
             self.log.append((stage, state))
         return state
 
-    def step_batches(self, plan, steps, resume=None, keep=False, every_row=False):
+    def step_batches(self, plan, steps, resume=None, keep=False, every_row=False,
+                     workers_may_sum=True):
         """Steps over batches fixed in advance run on the driver (``base.run_step``): logged
         while their batches are open."""
         aggregator, batches, run_step = self, super().step_batches(plan, steps, every_row=every_row), base.run_step

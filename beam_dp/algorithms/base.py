@@ -106,7 +106,8 @@ class Aggregator(Protocol):
     def steps_per_job(self, stage: Stage, remaining: int, state=None) -> int: ...
 
     def step_batches(self, plan, steps: int, resume: str | None = None,
-                     keep: bool = False, every_row: bool = False) -> StepBatches: ...
+                     keep: bool = False, every_row: bool = False,
+                     workers_may_sum: bool = True) -> StepBatches: ...
 
     def close(self) -> None: ...
 
@@ -206,17 +207,16 @@ def run_chunks(aggregator: Aggregator, step_fn: Stage, state: TrainState, total_
     # still see them (the audit's aggregator injects its canaries into each step's sum).
     driver_stage = getattr(aggregator, "driver_stage", lambda stage: stage)
     step_fn = driver_stage(step_fn)
+    # A step job's graph holds its copy of the step: only a step that can trade the root seed
+    # for its own steps' noise keys (``for_steps``) may be summed by the workers (dp-ambssgd's
+    # and heavy-tailed-md's draw their noise from the root seed: they stay on the driver).
     with aggregator.step_batches(batch_plan, total_steps, resume, keep_batches,
-                                 every_row=final is not None) as batches:
+                                 every_row=final is not None,
+                                 workers_may_sum=hasattr(step_fn, "for_steps")) as batches:
         if plan is not None and batches.location is not None:
             # Checkpointed at once, so that a run that dies from here on resumes with these.
             plan["batch_files"] = batches.location
             after_chunk(state, 0)
-        if getattr(batches, "on_workers", False) and getattr(step_fn, "for_steps", None) is None:
-            # A step job's graph holds its copy of the step: only a step that can drop the root
-            # seed for its own steps' noise keys (``for_steps``) may go (dp-ambssgd's and
-            # heavy-tailed-md's draw their noise from the root seed: they stay here).
-            batches.keep_on_driver(batches, ROOT_SEED_STAYS)
         while state.step < total_steps and getattr(batches, "on_workers", False):
             # Summed by the workers (issue 35): a job per chunk of steps, the model its only
             # output; the final stage in the last job, over every row's files.
@@ -243,10 +243,6 @@ def run_chunks(aggregator: Aggregator, step_fn: Stage, state: TrainState, total_
                 state = check.apply(state, total)
             after_chunk(state, k)
     return state
-
-
-ROOT_SEED_STAYS = ("these steps draw their noise from the run's root seed, which no job graph "
-                   "holds")
 
 
 def zero_sum(stage: Stage):

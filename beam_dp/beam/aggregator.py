@@ -447,7 +447,8 @@ class BeamAggregator:
         return len(pipeline.to_runner_api().SerializeToString())
 
     def step_batches(self, plan, steps: int, resume: str | None = None,
-                     keep: bool = False, every_row: bool = False) -> BatchFiles:
+                     keep: bool = False, every_row: bool = False,
+                     workers_may_sum: bool = True) -> BatchFiles:
         """Every step's batch, written by one job under the temp location (``resume``: where an
         earlier attempt of this run wrote them; reused if complete and made by the same plan),
         and with ``every_row`` every row once more (``BatchFiles.every_row``)."""
@@ -457,7 +458,7 @@ class BeamAggregator:
         if resume:
             manifest = self._manifest(resume)
             if manifest is not None and manifest.fingerprint == fingerprint:
-                return self._batch_files(resume, manifest, keep, plan)
+                return self._batch_files(resume, manifest, keep, plan, workers_may_sum)
             _delete_tree(resume)   # incomplete, or another plan's: made anew
         written, found, key = self._next_job("batches", steps)
         # (where a template's job will write them: named by its key, for the next launch)
@@ -494,9 +495,9 @@ class BeamAggregator:
                     (self.writes_templates or self.options.view_as(TestOptions).dry_run)):
                 _delete_tree(location)
             raise
-        return self._batch_files(location, manifest, keep, plan)
+        return self._batch_files(location, manifest, keep, plan, workers_may_sum)
 
-    def _batch_files(self, location, manifest, keep, plan) -> BatchFiles:
+    def _batch_files(self, location, manifest, keep, plan, workers_may_sum) -> BatchFiles:
         """The batch files, and who sums their steps (``step_costs.choose``: from public values
         only, so a resumed run chooses alike)."""
         files = BatchFiles(location, manifest, keep)
@@ -507,14 +508,10 @@ class BeamAggregator:
         direct = options.get("direct_num_workers") or 1
         workers = (options.get("max_num_workers") or options.get("num_workers")
                    or (direct if direct > 1 else None))
-        self.step_sums = step_costs.choose(given, remote, plan.expected_rows, self.dim, workers)
+        self.step_sums = step_costs.choose(given, remote, plan.expected_rows, self.dim, workers,
+                                           workers_may_sum)
         files.on_workers = self.step_sums.mode == "workers"
-        files.keep_on_driver = self._keep_steps_on_driver
         return files
-
-    def _keep_steps_on_driver(self, files: BatchFiles, reason: str) -> None:
-        files.on_workers = False
-        self.step_sums = step_costs.Choice("driver", self.step_sums.given, reason)
 
     def run_stages_over_batches(self, files: BatchFiles, stages: Sequence[Stage], state,
                                 final: Stage | None = None):
